@@ -1,0 +1,514 @@
+/* The interposition layer: the exported libc entry points. Each resolves the
+ * real function, steps aside while the shim is inside the CUDA runtime, keeps
+ * the real call's return value and errno, and hands the bookkeeping to the
+ * engine. Nothing else lives here. */
+/* Define mmap and mmap64 as two symbols: no off_t redirection here. */
+#undef _FILE_OFFSET_BITS
+
+#include "runtime.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <malloc.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define PINSHIM_EXPORT __attribute__((visibility("default")))
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+
+typedef void (*free_fn)(void *);
+typedef void *(*realloc_fn)(void *, size_t);
+typedef void *(*reallocarray_fn)(void *, size_t, size_t);
+typedef int (*posix_memalign_fn)(void **, size_t, size_t);
+typedef size_t (*usable_size_fn)(void *);
+typedef int (*mlock_fn)(const void *, size_t);
+typedef int (*mlock2_fn)(const void *, size_t, unsigned int);
+typedef int (*munlock_fn)(const void *, size_t);
+typedef int (*mlockall_fn)(int);
+typedef int (*munlockall_fn)(void);
+typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
+typedef int (*munmap_fn)(void *, size_t);
+typedef void *(*mremap_fn)(void *, size_t, size_t, int, ...);
+
+/* glibc's own entry points, used only while the real ones are being resolved
+ * (dlsym can allocate and free). */
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+
+static void bootstrap_free(void *ptr);
+static size_t bootstrap_usable_size(void *ptr);
+
+static struct {
+    free_fn free;
+    realloc_fn realloc;
+    reallocarray_fn reallocarray;
+    posix_memalign_fn posix_memalign;
+    usable_size_fn malloc_usable_size;
+    mlock_fn mlock;
+    mlock2_fn mlock2;
+    munlock_fn munlock;
+    mlockall_fn mlockall;
+    munlockall_fn munlockall;
+    mmap_fn mmap;
+    mmap_fn mmap64;
+    munmap_fn munmap;
+    mremap_fn mremap;
+} real = {.free = bootstrap_free, .malloc_usable_size = bootstrap_usable_size};
+
+static int resolved;
+static __thread int resolving __attribute__((tls_model("initial-exec")));
+
+static void *next_symbol(const char *name)
+{
+    return dlsym(RTLD_NEXT, name);
+}
+
+static void resolve_real_functions(void)
+{
+    if (__atomic_load_n(&resolved, __ATOMIC_ACQUIRE))
+        return;
+    resolving++;
+    /* Fill each slot once and publish it whole; racing threads store the same values. */
+    free_fn next_free = (free_fn)next_symbol("free");
+    real.realloc = (realloc_fn)next_symbol("realloc");
+    real.reallocarray = (reallocarray_fn)next_symbol("reallocarray");
+    real.posix_memalign = (posix_memalign_fn)next_symbol("posix_memalign");
+    usable_size_fn next_usable = (usable_size_fn)next_symbol("malloc_usable_size");
+    real.mlock = (mlock_fn)next_symbol("mlock");
+    real.mlock2 = (mlock2_fn)next_symbol("mlock2");
+    real.munlock = (munlock_fn)next_symbol("munlock");
+    real.mlockall = (mlockall_fn)next_symbol("mlockall");
+    real.munlockall = (munlockall_fn)next_symbol("munlockall");
+    real.mmap = (mmap_fn)next_symbol("mmap");
+    real.mmap64 = (mmap_fn)next_symbol("mmap64");
+    real.munmap = (munmap_fn)next_symbol("munmap");
+    real.mremap = (mremap_fn)next_symbol("mremap");
+    if (next_usable != NULL)
+        __atomic_store_n(&real.malloc_usable_size, next_usable, __ATOMIC_RELEASE);
+    if (next_free != NULL)
+        __atomic_store_n(&real.free, next_free, __ATOMIC_RELEASE);
+    resolving--;
+    __atomic_store_n(&resolved, 1, __ATOMIC_RELEASE);
+}
+
+static inline void ensure_resolved(void)
+{
+    if (__builtin_expect(!__atomic_load_n(&resolved, __ATOMIC_ACQUIRE), 0))
+        resolve_real_functions();
+}
+
+static void bootstrap_free(void *ptr)
+{
+    if (resolving)
+        return; /* freed by dlsym while resolving: leaking a few bytes is safe */
+    resolve_real_functions();
+    if (real.free != bootstrap_free)
+        real.free(ptr);
+}
+
+static size_t bootstrap_usable_size(void *ptr)
+{
+    if (resolving)
+        return 0;
+    resolve_real_functions();
+    return real.malloc_usable_size != bootstrap_usable_size ? real.malloc_usable_size(ptr) : 0;
+}
+
+static inline uintptr_t page_floor(uintptr_t addr)
+{
+    return addr & ~(runtime_page_size - 1);
+}
+
+static inline uintptr_t page_ceil(uintptr_t addr)
+{
+    uintptr_t rounded = (addr + runtime_page_size - 1) & ~(runtime_page_size - 1);
+    return rounded < addr ? UINTPTR_MAX & ~(runtime_page_size - 1) : rounded;
+}
+
+static inline uintptr_t range_end(uintptr_t addr, size_t length)
+{
+    uintptr_t end = addr + length;
+    return page_ceil(end < addr ? UINTPTR_MAX : end);
+}
+
+/* Whether every page of [start, end) is mapped: msync(MS_ASYNC) checks the
+ * mapping and, since Linux 2.6.19, does nothing else. */
+static bool range_is_mapped(uintptr_t start, uintptr_t end)
+{
+    return start >= end || syscall(SYS_msync, start, end - start, MS_ASYNC) == 0;
+}
+
+/* The first unmapped page in [start, end), or end. Linux applies munlock up to
+ * the first hole and then fails with ENOMEM. */
+static uintptr_t first_unmapped_page(uintptr_t start, uintptr_t end)
+{
+    int saved_errno = errno;
+    uintptr_t result = end;
+    if (!range_is_mapped(start, end)) {
+        /* Binary search on the length of the fully mapped prefix. */
+        uintptr_t mapped_pages = 0, total_pages = (end - start) / runtime_page_size;
+        while (total_pages - mapped_pages > 1) {
+            uintptr_t middle = mapped_pages + (total_pages - mapped_pages) / 2;
+            if (range_is_mapped(start, start + middle * runtime_page_size))
+                mapped_pages = middle;
+            else
+                total_pages = middle;
+        }
+        result = start + mapped_pages * runtime_page_size;
+    }
+    errno = saved_errno;
+    return result;
+}
+
+/* Puts back the ticket's pieces that are still mapped (after a failed replace). */
+static void restore_mapped_pieces(struct engine_ticket *ticket)
+{
+    for (struct engine_ticket_piece *piece = ticket->head; piece != NULL; piece = piece->next)
+        if (range_is_mapped(piece->start, piece->end))
+            engine_register_pages(&runtime_engine, piece->start, piece->end);
+    engine_ticket_discard(&runtime_engine, ticket);
+}
+
+/* ---- allocation ---- */
+
+static void release_allocation(void *ptr, enum release_reason reason, struct engine_ticket *ticket)
+{
+    size_t usable = real.malloc_usable_size(ptr);
+    uintptr_t start = page_floor((uintptr_t)ptr);
+    uintptr_t end = range_end((uintptr_t)ptr, usable == 0 ? 1 : usable);
+    if (engine_may_overlap(&runtime_engine, start, end))
+        engine_release(&runtime_engine, start, end, reason, ticket);
+}
+
+__attribute__((noinline)) static void free_with_registrations(void *ptr)
+{
+    int saved_errno = errno;
+    if (!runtime_guarded())
+        release_allocation(ptr, RELEASE_FREE, NULL);
+    errno = saved_errno;
+    real.free(ptr);
+}
+
+PINSHIM_EXPORT void free(void *ptr)
+{
+    /* The hot path: one load decides that no registration can be involved. */
+    if (__builtin_expect(!engine_has_registrations(&runtime_engine), 1) || ptr == NULL) {
+        real.free(ptr);
+        return;
+    }
+    free_with_registrations(ptr);
+}
+
+static void *realloc_common(void *ptr, size_t nmemb, size_t size, bool is_array)
+{
+    ensure_resolved();
+    size_t total;
+    bool overflow = __builtin_mul_overflow(nmemb, size, &total);
+    if (resolving || real.realloc == NULL) {
+        if (overflow) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        return __libc_realloc(ptr, total);
+    }
+    if (ptr == NULL || overflow || runtime_guarded() ||
+        !engine_has_registrations(&runtime_engine)) {
+        if (is_array)
+            return real.reallocarray
+                       ? real.reallocarray(ptr, nmemb, size)
+                       : (overflow ? (errno = ENOMEM, NULL) : real.realloc(ptr, total));
+        return real.realloc(ptr, size);
+    }
+    int saved_errno = errno;
+    struct engine_ticket ticket = {0};
+    /* realloc(p, 0) frees p: nothing to put back afterwards. */
+    release_allocation(ptr, RELEASE_REALLOC, total == 0 ? NULL : &ticket);
+    errno = saved_errno;
+    void *result = is_array && real.reallocarray ? real.reallocarray(ptr, nmemb, size)
+                                                 : real.realloc(ptr, total);
+    saved_errno = errno;
+    if (result == NULL && total != 0) {
+        /* The block is untouched and its pages still locked. */
+        engine_restore(&runtime_engine, &ticket, 0, UINTPTR_MAX);
+    } else {
+        engine_ticket_discard(&runtime_engine, &ticket);
+    }
+    errno = saved_errno;
+    return result;
+}
+
+PINSHIM_EXPORT void *realloc(void *ptr, size_t size)
+{
+    return realloc_common(ptr, 1, size, false);
+}
+
+PINSHIM_EXPORT void *reallocarray(void *ptr, size_t nmemb, size_t size)
+{
+    return realloc_common(ptr, nmemb, size, true);
+}
+
+PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
+{
+    ensure_resolved();
+    if (resolving || real.posix_memalign == NULL) {
+        void *memory = __libc_memalign(alignment, size);
+        if (memory == NULL)
+            return ENOMEM;
+        *memptr = memory;
+        return 0;
+    }
+    if (runtime_guarded())
+        return real.posix_memalign(memptr, alignment, size);
+    /* Large buffers get whole pages so a later lock shares no page with a
+     * neighbour. Invalid alignments pass unchanged so the real call rejects them. */
+    bool valid_alignment =
+        alignment != 0 && (alignment & (alignment - 1)) == 0 && alignment % sizeof(void *) == 0;
+    if (valid_alignment && size >= runtime_rounding_threshold()) {
+        size_t page = runtime_page_size;
+        size_t rounded = (size + page - 1) & ~(page - 1);
+        if (rounded >= size)
+            return real.posix_memalign(memptr, alignment < page ? page : alignment, rounded);
+    }
+    return real.posix_memalign(memptr, alignment, size);
+}
+
+/* ---- locking ---- */
+
+static void after_successful_lock(const void *addr, size_t length)
+{
+    int saved_errno = errno;
+    runtime_ensure_initialized();
+    engine_count(&runtime_engine.lock_calls);
+    engine_after_lock(&runtime_engine, (uintptr_t)addr, length);
+    errno = saved_errno;
+}
+
+PINSHIM_EXPORT int mlock(const void *addr, size_t len)
+{
+    ensure_resolved();
+    int result = real.mlock(addr, len);
+    if (result == 0 && !runtime_guarded())
+        after_successful_lock(addr, len);
+    return result;
+}
+
+PINSHIM_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
+{
+    ensure_resolved();
+    int result;
+    if (real.mlock2 != NULL) {
+        result = real.mlock2(addr, len, flags);
+    } else {
+        result = (int)syscall(SYS_mlock2, addr, len, flags);
+    }
+    /* MLOCK_ONFAULT locks lazily; registering faults the pages in, which the
+     * program asked to keep resident anyway. */
+    if (result == 0 && !runtime_guarded())
+        after_successful_lock(addr, len);
+    return result;
+}
+
+PINSHIM_EXPORT int munlock(const void *addr, size_t len)
+{
+    ensure_resolved();
+    if (runtime_guarded())
+        return real.munlock(addr, len);
+    engine_count(&runtime_engine.unlock_calls);
+    uintptr_t start = page_floor((uintptr_t)addr);
+    uintptr_t end = range_end((uintptr_t)addr, len);
+    if (!engine_may_overlap(&runtime_engine, start, end))
+        return real.munlock(addr, len);
+    int saved_errno = errno;
+    struct engine_ticket ticket = {0};
+    engine_release(&runtime_engine, start, end, RELEASE_MUNLOCK, &ticket);
+    errno = saved_errno;
+    int result = real.munlock(addr, len);
+    saved_errno = errno;
+    if (result != 0) {
+        /* ENOMEM: unlocked up to the first hole; the rest is still locked. */
+        uintptr_t still_locked_from =
+            saved_errno == ENOMEM ? first_unmapped_page(start, end) : start;
+        engine_restore(&runtime_engine, &ticket, still_locked_from, end);
+    } else {
+        engine_ticket_discard(&runtime_engine, &ticket);
+    }
+    errno = saved_errno;
+    return result;
+}
+
+PINSHIM_EXPORT int mlockall(int flags)
+{
+    ensure_resolved();
+    int result = real.mlockall(flags);
+    if (!runtime_guarded()) {
+        int saved_errno = errno;
+        runtime_ensure_initialized();
+        runtime_note_mlockall();
+        errno = saved_errno;
+    }
+    return result;
+}
+
+PINSHIM_EXPORT int munlockall(void)
+{
+    ensure_resolved();
+    if (runtime_guarded())
+        return real.munlockall();
+    engine_count(&runtime_engine.unlock_calls);
+    if (!engine_has_registrations(&runtime_engine))
+        return real.munlockall();
+    int saved_errno = errno;
+    struct engine_ticket ticket = {0};
+    engine_release(&runtime_engine, 0, PAGE_INDEX_LIMIT, RELEASE_MUNLOCK, &ticket);
+    errno = saved_errno;
+    int result = real.munlockall();
+    saved_errno = errno;
+    if (result != 0)
+        engine_restore(&runtime_engine, &ticket, 0, UINTPTR_MAX);
+    else
+        engine_ticket_discard(&runtime_engine, &ticket);
+    errno = saved_errno;
+    return result;
+}
+
+/* ---- mappings ---- */
+
+static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int flags, int fd,
+                         off_t offset)
+{
+    if (next == NULL) {
+        long result = syscall(SYS_mmap, addr, length, prot, flags, fd, offset);
+        return result == -1 ? MAP_FAILED : (void *)result;
+    }
+    if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1) || runtime_guarded())
+        return next(addr, length, prot, flags, fd, offset);
+
+    int saved_errno = errno;
+    struct engine_ticket ticket = {0};
+    uintptr_t start = (uintptr_t)addr;
+    bool replaces = (flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE) && length != 0 &&
+                    start % runtime_page_size == 0;
+    if (replaces && engine_may_overlap(&runtime_engine, start, range_end(start, length)))
+        engine_release(&runtime_engine, start, range_end(start, length), RELEASE_MMAP_FIXED,
+                       &ticket);
+    errno = saved_errno;
+    void *result = next(addr, length, prot, flags, fd, offset);
+    saved_errno = errno;
+    if (result == MAP_FAILED)
+        restore_mapped_pieces(&ticket);
+    else
+        engine_ticket_discard(&runtime_engine, &ticket);
+    if (result != MAP_FAILED && (flags & MAP_LOCKED))
+        after_successful_lock(result, length);
+    errno = saved_errno;
+    return result;
+}
+
+PINSHIM_EXPORT void *mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+{
+    ensure_resolved();
+    return mmap_common(real.mmap, addr, length, prot, flags, fd, offset);
+}
+
+PINSHIM_EXPORT void *mmap64(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+{
+    ensure_resolved();
+    return mmap_common(real.mmap64 ? real.mmap64 : real.mmap, addr, length, prot, flags, fd,
+                       offset);
+}
+
+PINSHIM_EXPORT int munmap(void *addr, size_t length)
+{
+    ensure_resolved();
+    uintptr_t start = (uintptr_t)addr;
+    if (runtime_guarded() || length == 0 || start % runtime_page_size != 0 ||
+        !engine_may_overlap(&runtime_engine, start, range_end(start, length)))
+        return real.munmap(addr, length);
+    int saved_errno = errno;
+    struct engine_ticket ticket = {0};
+    engine_release(&runtime_engine, start, range_end(start, length), RELEASE_MUNMAP, &ticket);
+    errno = saved_errno;
+    int result = real.munmap(addr, length);
+    saved_errno = errno;
+    if (result != 0)
+        engine_restore(&runtime_engine, &ticket, 0, UINTPTR_MAX);
+    else
+        engine_ticket_discard(&runtime_engine, &ticket);
+    errno = saved_errno;
+    return result;
+}
+
+/* Registers at new_start what was registered in the old range: a moved or
+ * resized locked mapping stays locked (Linux carries VM_LOCKED with the VMA). */
+static void register_moved_pieces(struct engine_ticket *ticket, uintptr_t old_start,
+                                  uintptr_t old_end, uintptr_t new_start, size_t new_size)
+{
+    uintptr_t new_end = range_end(new_start, new_size);
+    bool tail_registered = false;
+    for (struct engine_ticket_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
+        uintptr_t start = new_start + (piece->start - old_start);
+        uintptr_t end = new_start + (piece->end - old_start);
+        if (piece->end == old_end)
+            tail_registered = true;
+        if (end > new_end)
+            end = new_end;
+        if (start < end)
+            engine_register_pages(&runtime_engine, start, end);
+    }
+    /* Growth of a locked mapping is locked too. */
+    uintptr_t grown_from = new_start + (old_end - old_start);
+    if (tail_registered && grown_from < new_end)
+        engine_register_pages(&runtime_engine, grown_from, new_end);
+}
+
+PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size, int flags, ...)
+{
+    ensure_resolved();
+    void *new_address = NULL;
+    if (flags & MREMAP_FIXED) {
+        va_list args;
+        va_start(args, flags);
+        new_address = va_arg(args, void *);
+        va_end(args);
+    }
+    uintptr_t old_start = (uintptr_t)old_address;
+    uintptr_t old_end = range_end(old_start, old_size);
+    bool involved = !runtime_guarded() && old_start % runtime_page_size == 0 &&
+                    (engine_may_overlap(&runtime_engine, old_start, old_end) ||
+                     ((flags & MREMAP_FIXED) &&
+                      engine_may_overlap(&runtime_engine, (uintptr_t)new_address,
+                                         range_end((uintptr_t)new_address, new_size))));
+    if (!involved)
+        return real.mremap(old_address, old_size, new_size, flags, new_address);
+
+    int saved_errno = errno;
+    struct engine_ticket moved = {0}, replaced = {0};
+    if (old_size != 0)
+        engine_release(&runtime_engine, old_start, old_end, RELEASE_MREMAP, &moved);
+    if (flags & MREMAP_FIXED)
+        engine_release(&runtime_engine, (uintptr_t)new_address,
+                       range_end((uintptr_t)new_address, new_size), RELEASE_MREMAP, &replaced);
+    errno = saved_errno;
+    void *result = real.mremap(old_address, old_size, new_size, flags, new_address);
+    saved_errno = errno;
+    if (result == MAP_FAILED) {
+        engine_restore(&runtime_engine, &moved, 0, UINTPTR_MAX);
+        restore_mapped_pieces(&replaced);
+    } else {
+        register_moved_pieces(&moved, old_start, old_end, (uintptr_t)result, new_size);
+        engine_ticket_discard(&runtime_engine, &moved);
+        engine_ticket_discard(&runtime_engine, &replaced);
+    }
+    errno = saved_errno;
+    return result;
+}

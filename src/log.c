@@ -1,0 +1,63 @@
+#include "log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int log_level_current = LOG_WARN;
+static int log_fd = STDERR_FILENO;
+
+void log_set_level(enum log_level level)
+{
+    __atomic_store_n(&log_level_current, (int)level, __ATOMIC_RELAXED);
+}
+
+enum log_level log_get_level(void)
+{
+    return (enum log_level)__atomic_load_n(&log_level_current, __ATOMIC_RELAXED);
+}
+
+void log_set_fd(int fd)
+{
+    __atomic_store_n(&log_fd, fd < 0 ? STDERR_FILENO : fd, __ATOMIC_RELAXED);
+}
+
+bool log_enabled(enum log_level level)
+{
+    return level != LOG_QUIET &&
+           (int)level <= __atomic_load_n(&log_level_current, __ATOMIC_RELAXED);
+}
+
+void log_message(enum log_level level, const char *format, ...)
+{
+    if (!log_enabled(level))
+        return;
+    int saved_errno = errno;
+    /* One write(2) per line keeps lines from different threads and processes whole. */
+    char line[1024];
+    static const char prefix[] = "pinshim: ";
+    size_t used = sizeof(prefix) - 1;
+    memcpy(line, prefix, used);
+    va_list args;
+    va_start(args, format);
+    int n = vsnprintf(line + used, sizeof(line) - used - 1, format, args);
+    va_end(args);
+    if (n < 0)
+        n = 0;
+    used += (size_t)n < sizeof(line) - used - 1 ? (size_t)n : sizeof(line) - used - 2;
+    line[used++] = '\n';
+    int fd = __atomic_load_n(&log_fd, __ATOMIC_RELAXED);
+    const char *cursor = line;
+    while (used > 0) {
+        ssize_t written = write(fd, cursor, used);
+        if (written < 0 && errno == EINTR)
+            continue;
+        if (written <= 0)
+            break;
+        cursor += written;
+        used -= (size_t)written;
+    }
+    errno = saved_errno;
+}

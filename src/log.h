@@ -1,0 +1,32 @@
+/* Logging: one line per message on stderr, each starting "pinshim: ".
+ * Formats into a stack buffer and writes with write(2), so it never allocates
+ * through the interposed functions and is safe inside the shim's own paths. */
+#ifndef PINSHIM_LOG_H
+#define PINSHIM_LOG_H
+
+#include <stdbool.h>
+
+enum log_level { LOG_QUIET = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
+
+void log_set_level(enum log_level level);
+enum log_level log_get_level(void);
+/* Redirects output to another descriptor (tests); -1 restores stderr. */
+void log_set_fd(int fd);
+bool log_enabled(enum log_level level);
+
+void log_message(enum log_level level, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define log_warn(...) log_message(LOG_WARN, __VA_ARGS__)
+#define log_info(...)                                                                              \
+    do {                                                                                           \
+        if (log_enabled(LOG_INFO))                                                                 \
+            log_message(LOG_INFO, __VA_ARGS__);                                                    \
+    } while (0)
+#define log_debug(...)                                                                             \
+    do {                                                                                           \
+        if (log_enabled(LOG_DEBUG))                                                                \
+            log_message(LOG_DEBUG, __VA_ARGS__);                                                   \
+    } while (0)
+
+#endif

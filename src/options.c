@@ -1,0 +1,380 @@
+#include "options.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+/* Register flag names in the order of their bit values (cudaHostRegister*). */
+static const struct {
+    const char *name;
+    unsigned value;
+} register_flag_names[] = {
+    {"portable", 0x01},
+    {"mapped", 0x02},
+    {"readonly", 0x08},
+};
+
+static void copy_text(char *out, size_t out_size, const char *text)
+{
+    if (out_size == 0)
+        return;
+    size_t n = strlen(text);
+    if (n >= out_size)
+        n = out_size - 1;
+    memcpy(out, text, n);
+    out[n] = '\0';
+}
+
+static bool parse_register(const char *value, struct pinshim_config *cfg, char *why,
+                           size_t why_size)
+{
+    static const char *const truthy[] = {"1", "true", "yes", "on"};
+    static const char *const falsy[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(value, truthy[i]) == 0) {
+            cfg->register_enabled = true;
+            return true;
+        }
+        if (strcasecmp(value, falsy[i]) == 0) {
+            cfg->register_enabled = false;
+            return true;
+        }
+    }
+    copy_text(why, why_size, "not a boolean");
+    return false;
+}
+
+bool parse_byte_size(const char *text, uint64_t *out)
+{
+    if (text == NULL || *text < '0' || *text > '9')
+        return false;
+    uint64_t value = 0;
+    const char *cursor = text;
+    while (*cursor >= '0' && *cursor <= '9') {
+        unsigned digit = (unsigned)(*cursor - '0');
+        if (value > (UINT64_MAX - digit) / 10)
+            return false;
+        value = value * 10 + digit;
+        cursor++;
+    }
+    unsigned shift = 0;
+    switch (*cursor) {
+    case '\0':
+        break;
+    case 'k':
+    case 'K':
+        shift = 10;
+        cursor++;
+        break;
+    case 'm':
+    case 'M':
+        shift = 20;
+        cursor++;
+        break;
+    case 'g':
+    case 'G':
+        shift = 30;
+        cursor++;
+        break;
+    default:
+        return false;
+    }
+    if (*cursor != '\0')
+        return false;
+    if (shift != 0 && value > (UINT64_MAX >> shift))
+        return false;
+    *out = value << shift;
+    return true;
+}
+
+static bool parse_min_bytes(const char *value, struct pinshim_config *cfg, char *why,
+                            size_t why_size)
+{
+    uint64_t bytes;
+    if (!parse_byte_size(value, &bytes)) {
+        copy_text(why, why_size, "not a byte count");
+        return false;
+    }
+    cfg->min_bytes = bytes;
+    return true;
+}
+
+static bool parse_flags(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
+{
+    unsigned flags = 0;
+    const char *cursor = value;
+    if (*cursor == '\0') {
+        copy_text(why, why_size, "empty list");
+        return false;
+    }
+    for (;;) {
+        const char *comma = strchr(cursor, ',');
+        size_t length = comma ? (size_t)(comma - cursor) : strlen(cursor);
+        bool known = false;
+        if (length == 7 && strncasecmp(cursor, "default", 7) == 0)
+            known = true;
+        for (size_t i = 0; !known && i < sizeof(register_flag_names) / sizeof(*register_flag_names);
+             i++) {
+            const char *name = register_flag_names[i].name;
+            if (strlen(name) == length && strncasecmp(cursor, name, length) == 0) {
+                flags |= register_flag_names[i].value;
+                known = true;
+            }
+        }
+        if (!known) {
+            snprintf(why, why_size, "unknown flag '%.*s'", (int)(length > 40 ? 40 : length),
+                     cursor);
+            return false;
+        }
+        if (comma == NULL)
+            break;
+        cursor = comma + 1;
+    }
+    cfg->register_flags = flags;
+    return true;
+}
+
+static bool parse_cudart(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
+{
+    if (strlen(value) >= sizeof(cfg->cudart)) {
+        copy_text(why, why_size, "path too long");
+        return false;
+    }
+    copy_text(cfg->cudart, sizeof(cfg->cudart), value);
+    return true;
+}
+
+static bool parse_stats(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
+{
+    if (*value == '\0' || strcmp(value, "0") == 0) {
+        cfg->stats_mode = STATS_NONE;
+        return true;
+    }
+    if (strcmp(value, "1") == 0 || strcasecmp(value, "stderr") == 0) {
+        cfg->stats_mode = STATS_TEXT;
+        return true;
+    }
+    if (strlen(value) >= sizeof(cfg->stats_path)) {
+        copy_text(why, why_size, "path too long");
+        return false;
+    }
+    for (const char *c = value; *c; c++) {
+        if (*c != '%')
+            continue;
+        c++;
+        if (*c != 'p' && *c != 'h' && *c != '%') {
+            copy_text(why, why_size, "'%' must be followed by p, h or %");
+            return false;
+        }
+    }
+    cfg->stats_mode = STATS_JSON;
+    copy_text(cfg->stats_path, sizeof(cfg->stats_path), value);
+    return true;
+}
+
+static const char *const log_level_names[] = {"quiet", "warn", "info", "debug"};
+
+static bool parse_log(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
+{
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(value, log_level_names[i]) == 0) {
+            cfg->log_level = (enum log_level)i;
+            return true;
+        }
+    }
+    copy_text(why, why_size, "unknown level");
+    return false;
+}
+
+const struct option_spec option_table[OPT_COUNT] = {
+    {OPT_REGISTER, "PINSHIM_REGISTER", "no-register", NULL, "1/true/yes/on, 0/false/no/off", "on",
+     "Whether locked ranges are registered with CUDA; off (--no-register) keeps mlock only and "
+     "never loads CUDA.",
+     parse_register},
+    {OPT_MIN_BYTES, "PINSHIM_MIN_BYTES", "min-bytes", "SIZE",
+     "bytes, or with a K/M/G suffix (powers of 1024)", "64K",
+     "Smallest lock that is registered; posix_memalign requests of at least this (and of at "
+     "least 64K) get whole pages.",
+     parse_min_bytes},
+    {OPT_FLAGS, "PINSHIM_FLAGS", "flags", "LIST",
+     "comma list of default, portable, mapped, readonly", "default",
+     "cudaHostRegister flags (default is 0: mapped and portable on 64-bit systems).", parse_flags},
+    {OPT_CUDART, "PINSHIM_CUDART", "cudart", "LIB", "path or soname of a CUDA runtime", "search",
+     "Runtime to load; the default uses a libcudart already loaded, else libcudart.so.13, "
+     ".12, .11, libcudart.so.",
+     parse_cudart},
+    {OPT_STATS, "PINSHIM_STATS", "stats", "FILE",
+     "0, 1 or stderr, or a file path where %p is the pid, %h the host name, %% a percent "
+     "sign",
+     "0", "Statistics at exit: a text summary on stderr, or a JSON document written to a file.",
+     parse_stats},
+    {OPT_LOG, "PINSHIM_LOG", "log", "LEVEL", "quiet, warn, info, debug", "warn",
+     "What is logged on stderr; info logs every registration with its size and time.", parse_log},
+};
+
+void config_set_defaults(struct pinshim_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->register_enabled = true;
+    cfg->min_bytes = 64 * 1024;
+    cfg->register_flags = 0;
+    cfg->stats_mode = STATS_NONE;
+    cfg->log_level = LOG_WARN;
+}
+
+int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context)
+{
+    config_set_defaults(cfg);
+    int bad = 0;
+    for (int i = 0; i < OPT_COUNT; i++) {
+        const struct option_spec *spec = &option_table[i];
+        const char *value = lookup(spec->env_name, context);
+        if (value == NULL)
+            continue;
+        char why[96] = "";
+        if (!spec->parse(value, cfg, why, sizeof(why))) {
+            bad++;
+            /* Level is not final yet: a bad value is always worth one line. */
+            log_message(LOG_WARN, "%s=\"%.200s\" is not valid (%s); accepted: %s; using %s",
+                        spec->env_name, value, why, spec->accepted, spec->default_text);
+        }
+    }
+    return bad;
+}
+
+const struct option_spec *option_find_by_env(const char *env_name)
+{
+    for (int i = 0; i < OPT_COUNT; i++)
+        if (strcmp(option_table[i].env_name, env_name) == 0)
+            return &option_table[i];
+    return NULL;
+}
+
+const struct option_spec *option_find_by_cli(const char *cli_name)
+{
+    for (int i = 0; i < OPT_COUNT; i++)
+        if (strcmp(option_table[i].cli_name, cli_name) == 0)
+            return &option_table[i];
+    return NULL;
+}
+
+void config_format_value(const struct pinshim_config *cfg, enum option_id id, char *out,
+                         size_t out_size)
+{
+    switch (id) {
+    case OPT_REGISTER:
+        copy_text(out, out_size, cfg->register_enabled ? "on" : "off");
+        break;
+    case OPT_MIN_BYTES:
+        snprintf(out, out_size, "%llu", (unsigned long long)cfg->min_bytes);
+        break;
+    case OPT_FLAGS: {
+        if (cfg->register_flags == 0) {
+            copy_text(out, out_size, "default");
+            break;
+        }
+        size_t used = 0;
+        out[0] = '\0';
+        for (size_t i = 0; i < sizeof(register_flag_names) / sizeof(*register_flag_names); i++) {
+            if (!(cfg->register_flags & register_flag_names[i].value))
+                continue;
+            int n = snprintf(out + used, out_size - used, "%s%s", used ? "," : "",
+                             register_flag_names[i].name);
+            if (n < 0 || (size_t)n >= out_size - used)
+                break;
+            used += (size_t)n;
+        }
+        break;
+    }
+    case OPT_CUDART:
+        copy_text(out, out_size, cfg->cudart[0] ? cfg->cudart : "search");
+        break;
+    case OPT_STATS:
+        copy_text(out, out_size,
+                  cfg->stats_mode == STATS_NONE   ? "0"
+                  : cfg->stats_mode == STATS_TEXT ? "stderr"
+                                                  : cfg->stats_path);
+        break;
+    case OPT_LOG:
+        copy_text(out, out_size, log_level_names[cfg->log_level]);
+        break;
+    case OPT_COUNT:
+        copy_text(out, out_size, "");
+        break;
+    }
+}
+
+static void write_all(int fd, const char *text)
+{
+    size_t left = strlen(text);
+    while (left > 0) {
+        ssize_t n = write(fd, text, left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        text += n;
+        left -= (size_t)n;
+    }
+}
+
+/* Markdown cells may not hold a bare '|'. */
+static void write_cell(int fd, const char *text)
+{
+    char buffer[512];
+    size_t used = 0;
+    for (const char *c = text; *c && used + 2 < sizeof(buffer); c++) {
+        if (*c == '|')
+            buffer[used++] = '\\';
+        buffer[used++] = *c;
+    }
+    buffer[used] = '\0';
+    write_all(fd, buffer);
+}
+
+void options_write_markdown(int fd)
+{
+    write_all(fd, "| variable | `pinshim` option | values | default | meaning |\n"
+                  "|---|---|---|---|---|\n");
+    for (int i = 0; i < OPT_COUNT; i++) {
+        const struct option_spec *spec = &option_table[i];
+        char option[96];
+        if (spec->cli_argument)
+            snprintf(option, sizeof(option), "`--%s %s`", spec->cli_name, spec->cli_argument);
+        else
+            snprintf(option, sizeof(option), "`--%s`", spec->cli_name);
+        if (spec->id == OPT_STATS)
+            snprintf(option, sizeof(option), "`--stats[=%s]`", spec->cli_argument);
+        write_all(fd, "| `");
+        write_all(fd, spec->env_name);
+        write_all(fd, "` | ");
+        write_all(fd, option);
+        write_all(fd, " | ");
+        write_cell(fd, spec->accepted);
+        write_all(fd, " | `");
+        write_all(fd, spec->default_text);
+        write_all(fd, "` | ");
+        write_cell(fd, spec->help);
+        write_all(fd, " |\n");
+    }
+}
+
+void options_write_help(int fd)
+{
+    for (int i = 0; i < OPT_COUNT; i++) {
+        const struct option_spec *spec = &option_table[i];
+        char line[1024];
+        char option[96];
+        if (spec->id == OPT_STATS)
+            snprintf(option, sizeof(option), "--stats[=%s]", spec->cli_argument);
+        else if (spec->cli_argument)
+            snprintf(option, sizeof(option), "--%s %s", spec->cli_name, spec->cli_argument);
+        else
+            snprintf(option, sizeof(option), "--%s", spec->cli_name);
+        snprintf(line, sizeof(line), "  %-22s %s\n  %-22s   env %s; values: %s; default %s\n",
+                 option, spec->help, "", spec->env_name, spec->accepted, spec->default_text);
+        write_all(fd, line);
+    }
+}

@@ -1,0 +1,73 @@
+/* Configuration: one table of options drives the environment parser, the
+ * pinshim command's options and --help, and the README's option table. */
+#ifndef PINSHIM_OPTIONS_H
+#define PINSHIM_OPTIONS_H
+
+#include "log.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum stats_mode { STATS_NONE = 0, STATS_TEXT, STATS_JSON };
+
+#define CONFIG_PATH_MAX 1024
+
+struct pinshim_config {
+    bool register_enabled;
+    uint64_t min_bytes;
+    unsigned register_flags;      /* cudaHostRegister flags */
+    char cudart[CONFIG_PATH_MAX]; /* empty: search for the runtime */
+    enum stats_mode stats_mode;
+    char stats_path[CONFIG_PATH_MAX]; /* template with %p %h %%, for STATS_JSON */
+    enum log_level log_level;
+};
+
+enum option_id {
+    OPT_REGISTER,
+    OPT_MIN_BYTES,
+    OPT_FLAGS,
+    OPT_CUDART,
+    OPT_STATS,
+    OPT_LOG,
+    OPT_COUNT
+};
+
+struct option_spec {
+    enum option_id id;
+    const char *env_name;     /* PINSHIM_... */
+    const char *cli_name;     /* long option of the pinshim command, without "--" */
+    const char *cli_argument; /* placeholder of its argument, NULL for a flag */
+    const char *accepted;     /* what values are accepted, for messages and docs */
+    const char *default_text; /* the default, as a user would write it */
+    const char *help;         /* one sentence */
+    /* Parses value into cfg; on failure writes why (a short phrase) and leaves cfg alone. */
+    bool (*parse)(const char *value, struct pinshim_config *cfg, char *why, size_t why_size);
+};
+
+extern const struct option_spec option_table[OPT_COUNT];
+
+void config_set_defaults(struct pinshim_config *cfg);
+
+typedef const char *(*config_lookup_fn)(const char *name, void *context);
+
+/* Reads every option through lookup (getenv for the shim). A bad value gets one
+ * "pinshim: ..." warning naming the variable, the value, what is accepted and the
+ * default used instead. Returns the number of bad values. */
+int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context);
+
+const struct option_spec *option_find_by_env(const char *env_name);
+const struct option_spec *option_find_by_cli(const char *cli_name);
+
+/* Writes the effective value of one option as text ("on", "65536", "portable,mapped"). */
+void config_format_value(const struct pinshim_config *cfg, enum option_id id, char *out,
+                         size_t out_size);
+
+/* Parses a byte count with an optional K/M/G suffix (powers of 1024). */
+bool parse_byte_size(const char *text, uint64_t *out);
+
+/* Writes the option table as Markdown (the README's table) or as --help text. */
+void options_write_markdown(int fd);
+void options_write_help(int fd);
+
+#endif

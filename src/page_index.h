@@ -1,0 +1,63 @@
+/* Page index: two bitmaps over the address space at 4 KiB granularity, one
+ * marking pages covered by a registration and one marking the first page of
+ * each registration. It is the registry's companion index: overlap and
+ * containment queries walk bitmap words, so their cost follows the size of the
+ * queried range, never the number of live ranges.
+ *
+ * Writers hold the engine lock. Readers may run without it (free's check):
+ * nodes are published with release stores and never freed while the index
+ * lives, so a reader sees either old or new bits, never unmapped memory. */
+#ifndef PINSHIM_PAGE_INDEX_H
+#define PINSHIM_PAGE_INDEX_H
+
+#include "internal_alloc.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define PAGE_INDEX_GRANULE_SHIFT 12
+#define PAGE_INDEX_GRANULE ((uintptr_t)1 << PAGE_INDEX_GRANULE_SHIFT)
+#define PAGE_INDEX_ADDRESS_BITS 48
+#define PAGE_INDEX_LIMIT ((uintptr_t)1 << PAGE_INDEX_ADDRESS_BITS)
+
+#define PAGE_INDEX_LEAF_BITS 11 /* granules per leaf: 2048 (8 MiB) */
+#define PAGE_INDEX_MID_BITS 12  /* leaves per mid node: 4096 (32 GiB) */
+#define PAGE_INDEX_ROOT_BITS                                                                       \
+    (PAGE_INDEX_ADDRESS_BITS - PAGE_INDEX_GRANULE_SHIFT - PAGE_INDEX_LEAF_BITS -                   \
+     PAGE_INDEX_MID_BITS)
+
+enum page_index_map { PAGE_INDEX_USED = 0, PAGE_INDEX_BASE = 1 };
+
+struct page_index_leaf {
+    uint64_t words[2][(1u << PAGE_INDEX_LEAF_BITS) / 64]; /* [used|base][...] */
+};
+
+struct page_index_mid {
+    struct page_index_leaf *leaves[1u << PAGE_INDEX_MID_BITS];
+};
+
+struct page_index {
+    struct page_index_mid **root; /* 1 << PAGE_INDEX_ROOT_BITS entries */
+    struct node_pool leaf_pool;
+    struct node_pool mid_pool;
+};
+
+bool page_index_init(struct page_index *index);
+void page_index_destroy(struct page_index *index);
+
+/* Marks [start, end) used and start as a base. Addresses are granule-aligned and
+ * below PAGE_INDEX_LIMIT. Returns false, changing nothing, when out of memory. */
+bool page_index_mark(struct page_index *index, uintptr_t start, uintptr_t end);
+/* Clears both maps over [start, end). */
+void page_index_clear(struct page_index *index, uintptr_t start, uintptr_t end);
+
+/* Lock-free: the first granule in [start, end) whose bit in map equals want_set. */
+bool page_index_find_next(const struct page_index *index, enum page_index_map map, bool want_set,
+                          uintptr_t start, uintptr_t end, uintptr_t *found);
+/* Lock-free: whether any granule of [start, end) is used. start/end need not be aligned. */
+bool page_index_any_used(const struct page_index *index, uintptr_t start, uintptr_t end);
+/* The last base at or before addr; false if none is found before a gap. */
+bool page_index_find_base_at_or_before(const struct page_index *index, uintptr_t addr,
+                                       uintptr_t *found);
+
+#endif

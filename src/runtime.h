@@ -1,0 +1,47 @@
+/* Runtime: the process-wide shim state (configuration, engine, CUDA backend)
+ * and its lifecycle: load, fork, exit. The interposition layer calls in here. */
+#ifndef PINSHIM_RUNTIME_H
+#define PINSHIM_RUNTIME_H
+
+#include "engine.h"
+#include "options.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PINSHIM_INTERNAL __attribute__((visibility("hidden")))
+
+/* Depth of the shim's own calls into the CUDA runtime and dlopen on this
+ * thread: calls made meanwhile go straight to the real functions. */
+extern __thread int runtime_guard_depth __attribute__((tls_model("initial-exec")));
+
+static inline bool runtime_guarded(void)
+{
+    return runtime_guard_depth != 0;
+}
+static inline void runtime_guard_enter(void)
+{
+    runtime_guard_depth++;
+}
+static inline void runtime_guard_leave(void)
+{
+    runtime_guard_depth--;
+}
+
+extern struct engine runtime_engine;
+extern struct pinshim_config runtime_config;
+extern uintptr_t runtime_page_size;
+
+/* Loads the configuration and sets up the engine once; cheap after the first call. */
+void runtime_ensure_initialized(void);
+bool runtime_is_initialized(void);
+
+/* The smallest posix_memalign size that gets page rounding, or SIZE_MAX when
+ * registration is off. */
+size_t runtime_rounding_threshold(void);
+
+/* Logs the first mlockall at info level. */
+void runtime_note_mlockall(void);
+
+#endif

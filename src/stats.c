@@ -1,0 +1,312 @@
+#include "stats.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+struct out_buffer {
+    int fd;
+    size_t used;
+    bool failed;
+    char data[4096];
+};
+
+static void out_flush(struct out_buffer *out)
+{
+    const char *cursor = out->data;
+    while (out->used > 0 && !out->failed) {
+        ssize_t n = write(out->fd, cursor, out->used);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            out->failed = true;
+            break;
+        }
+        cursor += n;
+        out->used -= (size_t)n;
+    }
+    out->used = 0;
+}
+
+static void out_bytes(struct out_buffer *out, const char *text, size_t length)
+{
+    while (length > 0) {
+        if (out->used == sizeof(out->data))
+            out_flush(out);
+        size_t room = sizeof(out->data) - out->used;
+        size_t take = length < room ? length : room;
+        memcpy(out->data + out->used, text, take);
+        out->used += take;
+        text += take;
+        length -= take;
+    }
+}
+
+static void out_text(struct out_buffer *out, const char *text)
+{
+    out_bytes(out, text, strlen(text));
+}
+
+__attribute__((format(printf, 2, 3))) static void out_format(struct out_buffer *out,
+                                                             const char *format, ...)
+{
+    char line[512];
+    va_list args;
+    va_start(args, format);
+    int n = vsnprintf(line, sizeof(line), format, args);
+    va_end(args);
+    if (n > 0)
+        out_bytes(out, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+}
+
+static void out_json_string(struct out_buffer *out, const char *text)
+{
+    if (text == NULL) {
+        out_text(out, "null");
+        return;
+    }
+    out_text(out, "\"");
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
+        char escaped[8];
+        switch (*c) {
+        case '"':
+            out_text(out, "\\\"");
+            break;
+        case '\\':
+            out_text(out, "\\\\");
+            break;
+        case '\n':
+            out_text(out, "\\n");
+            break;
+        case '\t':
+            out_text(out, "\\t");
+            break;
+        case '\r':
+            out_text(out, "\\r");
+            break;
+        default:
+            if (*c < 0x20) {
+                snprintf(escaped, sizeof(escaped), "\\u%04x", *c);
+                out_text(out, escaped);
+            } else {
+                out_bytes(out, (const char *)c, 1);
+            }
+        }
+    }
+    out_text(out, "\"");
+}
+
+static void out_key_u64(struct out_buffer *out, const char *key, uint64_t value, bool last)
+{
+    out_format(out, "\"%s\": %llu%s", key, (unsigned long long)value, last ? "" : ", ");
+}
+
+static double seconds(uint64_t nanoseconds)
+{
+    return (double)nanoseconds / 1e9;
+}
+
+bool stats_write_json(int fd, const struct stats_report *report)
+{
+    struct out_buffer out = {.fd = fd};
+    const struct pinshim_counters *c = &report->counters;
+    out_text(&out, "{\"pinshim\": ");
+    out_json_string(&out, PINSHIM_VERSION_STRING);
+    out_format(&out, ", \"pid\": %ld, \"host\": ", report->pid);
+    out_json_string(&out, report->host);
+    out_text(&out, ", \"exe\": ");
+    out_json_string(&out, report->exe);
+    out_format(&out, ", \"fork_child\": %s", report->fork_child ? "true" : "false");
+
+    out_text(&out, ",\n \"config\": {");
+    for (int i = 0; i < OPT_COUNT; i++) {
+        char value[CONFIG_PATH_MAX];
+        config_format_value(report->config, (enum option_id)i, value, sizeof(value));
+        out_json_string(&out, option_table[i].env_name + sizeof("PINSHIM_") - 1);
+        out_text(&out, ": ");
+        if (i == OPT_MIN_BYTES)
+            out_text(&out, value);
+        else
+            out_json_string(&out, value);
+        if (i + 1 < OPT_COUNT)
+            out_text(&out, ", ");
+    }
+
+    out_format(&out,
+               "},\n \"cudart\": {\"loaded\": %s, \"usable\": %s, \"shared_with_program\": %s, "
+               "\"path\": ",
+               report->cudart_loaded ? "true" : "false", report->cudart_usable ? "true" : "false",
+               report->cudart_shared ? "true" : "false");
+    out_json_string(&out, report->cudart_path);
+    out_text(&out, ", \"error\": ");
+    out_json_string(&out, report->cudart_error);
+
+    out_text(&out, "},\n \"register\": {");
+    out_key_u64(&out, "ok", c->register_ok, false);
+    out_key_u64(&out, "failed", c->register_failed, false);
+    out_key_u64(&out, "already_registered", c->register_already_registered, false);
+    out_key_u64(&out, "skipped_small", c->register_skipped_small, false);
+    out_key_u64(&out, "skipped_no_runtime", report->skipped_disabled, false);
+    out_key_u64(&out, "skipped_address", report->skipped_address, false);
+    out_key_u64(&out, "bytes", c->register_bytes, false);
+    out_format(&out, "\"seconds\": %.6f", seconds(c->register_nanoseconds));
+
+    out_text(&out, "},\n \"unregister\": {");
+    out_key_u64(&out, "ok", c->unregister_ok, false);
+    out_key_u64(&out, "failed", c->unregister_failed, false);
+    out_key_u64(&out, "munlock", c->unregister_munlock, false);
+    out_key_u64(&out, "free", c->unregister_free, false);
+    out_key_u64(&out, "realloc", c->unregister_realloc, false);
+    out_key_u64(&out, "munmap", c->unregister_munmap, false);
+    out_key_u64(&out, "mremap", c->unregister_mremap, false);
+    out_key_u64(&out, "mmap_fixed", c->unregister_mmap_fixed, false);
+    out_key_u64(&out, "exit", c->unregister_exit, false);
+    out_key_u64(&out, "exit_unloading", report->exit_unloading, false);
+    out_format(&out, "\"seconds\": %.6f", seconds(c->unregister_nanoseconds));
+
+    out_text(&out, "},\n \"calls\": {");
+    out_key_u64(&out, "lock", c->lock_calls, false);
+    out_key_u64(&out, "unlock", c->unlock_calls, false);
+    out_key_u64(&out, "mlockall", c->mlockall_calls, true);
+
+    out_text(&out, "},\n \"live\": {");
+    out_key_u64(&out, "ranges", report->live_ranges_at_exit, false);
+    out_key_u64(&out, "bytes", report->live_bytes_at_exit, false);
+    out_key_u64(&out, "peak_bytes", c->peak_bytes, true);
+
+    out_text(&out, "},\n \"errors\": {");
+    for (size_t i = 0; i < report->error_count; i++) {
+        out_json_string(&out, report->errors[i].name);
+        out_format(&out, ": %llu%s", (unsigned long long)report->errors[i].count,
+                   i + 1 < report->error_count ? ", " : "");
+    }
+    out_text(&out, "}}\n");
+    out_flush(&out);
+    return !out.failed;
+}
+
+static void human_bytes(uint64_t bytes, char *out, size_t out_size)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double value = (double)bytes;
+    int unit = 0;
+    while (value >= 1024 && unit < 4) {
+        value /= 1024;
+        unit++;
+    }
+    if (unit == 0)
+        snprintf(out, out_size, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(out, out_size, "%.1f %s", value, units[unit]);
+}
+
+bool stats_write_text(int fd, const struct stats_report *report)
+{
+    struct out_buffer out = {.fd = fd};
+    const struct pinshim_counters *c = &report->counters;
+    char registered[32], live[32], peak[32];
+    human_bytes(c->register_bytes, registered, sizeof(registered));
+    human_bytes(report->live_bytes_at_exit, live, sizeof(live));
+    human_bytes(c->peak_bytes, peak, sizeof(peak));
+    /* The first line stands alone in a job log of many processes. */
+    out_format(&out,
+               "pinshim: pid %ld on %s: registered %llu (%s in %.3f s), unregistered %llu, "
+               "failed %llu+%llu, live at exit %llu (%s)\n",
+               report->pid, report->host, (unsigned long long)c->register_ok, registered,
+               seconds(c->register_nanoseconds), (unsigned long long)c->unregister_ok,
+               (unsigned long long)c->register_failed, (unsigned long long)c->unregister_failed,
+               (unsigned long long)report->live_ranges_at_exit, live);
+    if (report->cudart_usable)
+        out_format(&out, "pinshim:   runtime %s%s\n", report->cudart_path,
+                   report->cudart_shared ? " (shared with the program)" : "");
+    else if (report->cudart_error != NULL)
+        out_format(&out, "pinshim:   runtime not used: %s\n", report->cudart_error);
+    else
+        out_text(&out, "pinshim:   runtime not loaded (no lock reached PINSHIM_MIN_BYTES)\n");
+    out_format(&out,
+               "pinshim:   register: %llu already registered by the program, %llu below "
+               "min_bytes, %llu without a runtime; peak %s\n",
+               (unsigned long long)c->register_already_registered,
+               (unsigned long long)c->register_skipped_small,
+               (unsigned long long)report->skipped_disabled, peak);
+    out_format(&out,
+               "pinshim:   unregister by munlock %llu, free %llu, realloc %llu, munmap %llu, "
+               "mremap %llu, mmap_fixed %llu, exit %llu (%llu after the runtime unloaded)\n",
+               (unsigned long long)c->unregister_munlock, (unsigned long long)c->unregister_free,
+               (unsigned long long)c->unregister_realloc, (unsigned long long)c->unregister_munmap,
+               (unsigned long long)c->unregister_mremap,
+               (unsigned long long)c->unregister_mmap_fixed, (unsigned long long)c->unregister_exit,
+               (unsigned long long)report->exit_unloading);
+    if (report->error_count > 0) {
+        out_text(&out, "pinshim:   errors:");
+        for (size_t i = 0; i < report->error_count; i++)
+            out_format(&out, " %s %llu", report->errors[i].name,
+                       (unsigned long long)report->errors[i].count);
+        out_text(&out, "\n");
+    }
+    out_flush(&out);
+    return !out.failed;
+}
+
+bool stats_expand_path(const char *template_path, long pid, const char *host, char *out,
+                       size_t out_size)
+{
+    size_t used = 0;
+    for (const char *c = template_path; *c; c++) {
+        char piece[64];
+        const char *text = piece;
+        if (*c == '%' && c[1] == 'p') {
+            snprintf(piece, sizeof(piece), "%ld", pid);
+            c++;
+        } else if (*c == '%' && c[1] == 'h') {
+            text = host;
+            c++;
+        } else if (*c == '%' && c[1] == '%') {
+            text = "%";
+            c++;
+        } else {
+            piece[0] = *c;
+            piece[1] = '\0';
+        }
+        size_t length = strlen(text);
+        if (used + length + 1 > out_size)
+            return false;
+        memcpy(out + used, text, length);
+        used += length;
+    }
+    if (out_size == 0)
+        return false;
+    out[used] = '\0';
+    return true;
+}
+
+bool stats_write_file(const char *path, const struct stats_report *report, char *why,
+                      size_t why_size)
+{
+    char temporary[CONFIG_PATH_MAX + 32];
+    int n = snprintf(temporary, sizeof(temporary), "%s.tmp.%ld", path, report->pid);
+    if (n < 0 || (size_t)n >= sizeof(temporary)) {
+        snprintf(why, why_size, "path too long");
+        return false;
+    }
+    int fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(why, why_size, "%s", strerror(errno));
+        return false;
+    }
+    /* No fsync: rename is enough for readers, and exit should stay cheap. */
+    errno = 0;
+    bool ok = stats_write_json(fd, report);
+    if (!ok && errno == 0)
+        errno = EIO;
+    int close_errno = close(fd) == 0 ? 0 : errno;
+    if (!ok || close_errno != 0 || rename(temporary, path) != 0) {
+        snprintf(why, why_size, "%s", strerror(close_errno ? close_errno : errno));
+        unlink(temporary);
+        return false;
+    }
+    return true;
+}
