@@ -454,21 +454,15 @@ static void register_moved_pieces(struct engine_ticket *ticket, uintptr_t old_st
                                   uintptr_t old_end, uintptr_t new_start, size_t new_size)
 {
     uintptr_t new_end = range_end(new_start, new_size);
-    bool tail_registered = false;
     for (struct engine_ticket_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
         uintptr_t start = new_start + (piece->start - old_start);
         uintptr_t end = new_start + (piece->end - old_start);
-        if (piece->end == old_end)
-            tail_registered = true;
-        if (end > new_end)
+        /* Growth of a locked mapping is locked too: one registration covers both. */
+        if (piece->end == old_end || end > new_end)
             end = new_end;
         if (start < end)
             engine_register_pages(&runtime_engine, start, end);
     }
-    /* Growth of a locked mapping is locked too. */
-    uintptr_t grown_from = new_start + (old_end - old_start);
-    if (tail_registered && grown_from < new_end)
-        engine_register_pages(&runtime_engine, grown_from, new_end);
 }
 
 PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size, int flags, ...)

@@ -195,14 +195,18 @@ bool page_index_find_base_at_or_before(const struct page_index *index, uintptr_t
         uint64_t keep = bit == 63 ? ~(uint64_t)0 : (((uint64_t)1 << (bit + 1)) - 1);
         uint64_t bases =
             __atomic_load_n(&leaf->words[PAGE_INDEX_BASE][offset / 64], __ATOMIC_RELAXED) & keep;
-        if (bases != 0) {
-            *found = (g - bit + 63 - (uintptr_t)__builtin_clzll(bases)) << PAGE_INDEX_GRANULE_SHIFT;
-            return true;
-        }
-        /* With no base in this word, a registration holding addr covers the whole
-         * word up to addr; a gap means addr is not inside any registration. */
         uint64_t used =
             __atomic_load_n(&leaf->words[PAGE_INDEX_USED][offset / 64], __ATOMIC_RELAXED) & keep;
+        /* Every page from the base up to addr must be covered: a gap means addr
+         * lies outside any registration. */
+        if (bases != 0) {
+            unsigned base_bit = 63 - (unsigned)__builtin_clzll(bases);
+            uint64_t span = keep & ~(((uint64_t)1 << base_bit) - 1);
+            if ((used & span) != span)
+                return false;
+            *found = (g - bit + base_bit) << PAGE_INDEX_GRANULE_SHIFT;
+            return true;
+        }
         if (used != keep || g == bit)
             return false;
         g = g - bit - 1;

@@ -1,0 +1,403 @@
+/* The engine driven through a scripted backend, without LD_PRELOAD: the
+ * backend keeps CUDA's rules (overlap refused with 712, unregister only by the
+ * registered base) and records what it was asked. */
+#include "engine.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PAGE ((uintptr_t)4096)
+#define MAX_RANGES 4096
+
+struct mock_range {
+    uintptr_t base, length;
+    bool foreign; /* registered "by the program", not the engine */
+};
+
+static struct {
+    pthread_mutex_t mutex;
+    struct mock_range ranges[MAX_RANGES];
+    size_t count;
+    unsigned register_calls, unregister_calls;
+    unsigned fail_register_every, fail_unregister_every;
+    int fail_error;
+    bool ready;
+    unsigned overlap_violations;
+    useconds_t register_delay;
+} mock = {.mutex = PTHREAD_MUTEX_INITIALIZER};
+
+static bool mock_ready(void *context)
+{
+    (void)context;
+    return mock.ready;
+}
+
+static int mock_register(void *context, void *base, size_t length)
+{
+    (void)context;
+    if (mock.register_delay)
+        usleep(mock.register_delay);
+    pthread_mutex_lock(&mock.mutex);
+    int result = 0;
+    mock.register_calls++;
+    uintptr_t start = (uintptr_t)base, end = start + length;
+    if (mock.fail_register_every && mock.register_calls % mock.fail_register_every == 0) {
+        result = mock.fail_error;
+        goto out;
+    }
+    for (size_t i = 0; i < mock.count; i++) {
+        struct mock_range *r = &mock.ranges[i];
+        if (start < r->base + r->length && r->base < end) {
+            if (!r->foreign)
+                mock.overlap_violations++;
+            result = ENGINE_CUDA_ALREADY_REGISTERED;
+            goto out;
+        }
+    }
+    cr_assert_lt(mock.count, MAX_RANGES);
+    mock.ranges[mock.count++] = (struct mock_range){start, length, false};
+out:
+    pthread_mutex_unlock(&mock.mutex);
+    return result;
+}
+
+static int mock_unregister(void *context, void *base)
+{
+    (void)context;
+    pthread_mutex_lock(&mock.mutex);
+    int result = ENGINE_CUDA_NOT_REGISTERED;
+    mock.unregister_calls++;
+    if (mock.fail_unregister_every && mock.unregister_calls % mock.fail_unregister_every == 0) {
+        result = mock.fail_error;
+        goto out;
+    }
+    for (size_t i = 0; i < mock.count; i++) {
+        struct mock_range *r = &mock.ranges[i];
+        if (r->base == (uintptr_t)base) {
+            cr_assert_not(r->foreign, "the engine unregistered a range it did not register");
+            mock.ranges[i] = mock.ranges[--mock.count];
+            result = 0;
+            goto out;
+        }
+        if ((uintptr_t)base > r->base && (uintptr_t)base < r->base + r->length) {
+            result = 1; /* interior pointer: cudaErrorInvalidValue */
+            goto out;
+        }
+    }
+out:
+    pthread_mutex_unlock(&mock.mutex);
+    return result;
+}
+
+static const char *mock_error_name(void *context, int error)
+{
+    (void)context;
+    return error == 2 ? "cudaErrorMemoryAllocation" : NULL;
+}
+
+static const struct engine_backend mock_backend = {
+    .ready = mock_ready,
+    .register_range = mock_register,
+    .unregister_range = mock_unregister,
+    .error_name = mock_error_name,
+};
+
+static struct engine engine;
+static char *arena; /* addresses only: the mock never touches memory */
+
+static void setup(void)
+{
+    pthread_mutex_lock(&mock.mutex);
+    mock.count = 0;
+    mock.register_calls = mock.unregister_calls = 0;
+    mock.fail_register_every = mock.fail_unregister_every = 0;
+    mock.fail_error = 2;
+    mock.ready = true;
+    mock.overlap_violations = 0;
+    mock.register_delay = 0;
+    pthread_mutex_unlock(&mock.mutex);
+    cr_assert(engine_init(&engine, &mock_backend, 64 * 1024, PAGE));
+    arena = (char *)(uintptr_t)0x7e0000000000;
+}
+
+static void teardown(void)
+{
+    engine_destroy(&engine);
+}
+
+TestSuite(engine, .init = setup, .fini = teardown);
+
+/* The mock's ranges, sorted, must equal the expected [start, end) pairs. */
+static int compare_ranges(const void *a, const void *b)
+{
+    const struct mock_range *x = a, *y = b;
+    return x->base < y->base ? -1 : x->base > y->base;
+}
+
+static void expect_ranges(const uintptr_t *expected, size_t pairs)
+{
+    pthread_mutex_lock(&mock.mutex);
+    struct mock_range sorted[MAX_RANGES];
+    size_t count = 0;
+    for (size_t i = 0; i < mock.count; i++)
+        if (!mock.ranges[i].foreign)
+            sorted[count++] = mock.ranges[i];
+    pthread_mutex_unlock(&mock.mutex);
+    qsort(sorted, count, sizeof(*sorted), compare_ranges);
+    cr_assert_eq(count, pairs, "expected %zu registrations, have %zu", pairs, count);
+    for (size_t i = 0; i < pairs; i++) {
+        cr_assert_eq(sorted[i].base, expected[2 * i], "range %zu starts at %#lx, expected %#lx", i,
+                     (unsigned long)sorted[i].base, (unsigned long)expected[2 * i]);
+        cr_assert_eq(sorted[i].base + sorted[i].length, expected[2 * i + 1],
+                     "range %zu ends at %#lx, expected %#lx", i,
+                     (unsigned long)(sorted[i].base + sorted[i].length),
+                     (unsigned long)expected[2 * i + 1]);
+    }
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.live_ranges, pairs);
+    cr_assert_eq(mock.overlap_violations, 0);
+}
+
+#define A(offset) ((uintptr_t)(arena + (offset)))
+
+Test(engine, lock_registers_whole_pages)
+{
+    engine_after_lock(&engine, A(100), 128 * 1024);
+    uintptr_t expected[] = {A(0), A(0) + 33 * PAGE};
+    expect_ranges(expected, 1);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.register_ok, 1);
+    cr_assert_eq(counters.register_bytes, 33 * PAGE);
+    cr_assert(engine_is_registered(&engine, A(0)));
+    cr_assert(engine_is_registered(&engine, A(33 * PAGE - 1)));
+    cr_assert_not(engine_is_registered(&engine, A(33 * PAGE)));
+}
+
+Test(engine, lock_below_min_bytes_is_skipped_and_counted)
+{
+    engine_after_lock(&engine, A(0), 64 * 1024 - 1);
+    expect_ranges(NULL, 0);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.register_skipped_small, 1);
+    cr_assert_eq(mock.register_calls, 0);
+}
+
+Test(engine, relocking_registers_nothing_new)
+{
+    engine_after_lock(&engine, A(0), 32 * PAGE);
+    engine_after_lock(&engine, A(0), 32 * PAGE);
+    engine_after_lock(&engine, A(PAGE), 20 * PAGE);
+    uintptr_t expected[] = {A(0), A(32 * PAGE)};
+    expect_ranges(expected, 1);
+    cr_assert_eq(mock.register_calls, 1);
+}
+
+Test(engine, overlapping_and_adjacent_locks_never_overlap)
+{
+    engine_after_lock(&engine, A(16 * PAGE), 16 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE);         /* covers it: two gaps */
+    engine_after_lock(&engine, A(64 * PAGE), 16 * PAGE); /* adjacent after */
+    uintptr_t expected[] = {A(0),         A(16 * PAGE), A(16 * PAGE), A(32 * PAGE),
+                            A(32 * PAGE), A(64 * PAGE), A(64 * PAGE), A(80 * PAGE)};
+    expect_ranges(expected, 4);
+}
+
+Test(engine, partial_release_reregisters_what_stays_locked)
+{
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    struct engine_ticket ticket = {0};
+    engine_release(&engine, A(16 * PAGE), A(32 * PAGE), RELEASE_MUNLOCK, &ticket);
+    uintptr_t expected[] = {A(0), A(16 * PAGE), A(32 * PAGE), A(64 * PAGE)};
+    expect_ranges(expected, 2);
+    cr_assert_not_null(ticket.head);
+    cr_assert_eq(ticket.head->start, A(16 * PAGE));
+    cr_assert_eq(ticket.head->end, A(32 * PAGE));
+    cr_assert_null(ticket.head->next);
+    engine_ticket_discard(&engine, &ticket);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.unregister_ok, 1);
+    cr_assert_eq(counters.unregister_munlock, 1);
+    cr_assert_eq(counters.register_ok, 3);
+}
+
+Test(engine, release_spanning_several_ranges)
+{
+    engine_after_lock(&engine, A(0), 16 * PAGE);
+    engine_after_lock(&engine, A(20 * PAGE), 16 * PAGE);
+    engine_after_lock(&engine, A(40 * PAGE), 16 * PAGE);
+    engine_release(&engine, A(8 * PAGE), A(44 * PAGE), RELEASE_MUNMAP, NULL);
+    uintptr_t expected[] = {A(0), A(8 * PAGE), A(44 * PAGE), A(56 * PAGE)};
+    expect_ranges(expected, 2);
+}
+
+Test(engine, release_inside_an_allocation_like_memtester)
+{
+    /* Lock at an aligned offset inside a larger block, then free the block. */
+    engine_after_lock(&engine, A(3 * PAGE), 100 * PAGE);
+    engine_release(&engine, A(0), A(110 * PAGE), RELEASE_FREE, NULL);
+    expect_ranges(NULL, 0);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.unregister_free, 1);
+    cr_assert_eq(counters.live_bytes, 0);
+    cr_assert_eq(counters.peak_bytes, 100 * PAGE);
+}
+
+Test(engine, restore_after_failed_unlock)
+{
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    struct engine_ticket ticket = {0};
+    engine_release(&engine, A(0), A(64 * PAGE), RELEASE_MUNLOCK, &ticket);
+    expect_ranges(NULL, 0);
+    engine_restore(&engine, &ticket, A(16 * PAGE), UINTPTR_MAX);
+    uintptr_t expected[] = {A(16 * PAGE), A(64 * PAGE)};
+    expect_ranges(expected, 1);
+    cr_assert_null(ticket.head);
+}
+
+Test(engine, already_registered_range_is_never_unregistered)
+{
+    pthread_mutex_lock(&mock.mutex);
+    mock.ranges[mock.count++] = (struct mock_range){A(0), 64 * PAGE, true};
+    pthread_mutex_unlock(&mock.mutex);
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.register_already_registered, 1);
+    cr_assert_eq(counters.register_failed, 0);
+    cr_assert_eq(counters.live_ranges, 0);
+    engine_release(&engine, A(0), A(64 * PAGE), RELEASE_FREE, NULL);
+    cr_assert_eq(mock.unregister_calls, 0);
+}
+
+Test(engine, failed_registration_leaves_nothing_and_is_retried_later)
+{
+    mock.fail_register_every = 1;
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    expect_ranges(NULL, 0);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.register_failed, 1);
+    struct engine_error_count errors[4];
+    cr_assert_eq(engine_get_errors(&engine, errors, 4), 1);
+    cr_assert_eq(errors[0].code, 2);
+    cr_assert_eq(errors[0].count, 1);
+    mock.fail_register_every = 0;
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    uintptr_t expected[] = {A(0), A(64 * PAGE)};
+    expect_ranges(expected, 1);
+}
+
+Test(engine, failed_unregistration_is_counted_and_forgotten)
+{
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    mock.fail_unregister_every = 1;
+    engine_release(&engine, A(0), A(64 * PAGE), RELEASE_MUNMAP, NULL);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.unregister_failed, 1);
+    cr_assert_eq(counters.unregister_munmap, 1);
+    cr_assert_eq(counters.live_ranges, 0);
+    cr_assert_not(engine_has_registrations(&engine));
+}
+
+Test(engine, no_runtime_means_no_registration)
+{
+    mock.ready = false;
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    cr_assert_eq(mock.register_calls, 0);
+    cr_assert_eq(engine.skipped_disabled, 1);
+    cr_assert_not(engine_has_registrations(&engine));
+}
+
+Test(engine, shutdown_unregisters_everything_and_records_live)
+{
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(100 * PAGE), 32 * PAGE);
+    engine_shutdown(&engine);
+    expect_ranges(NULL, 0);
+    cr_assert_eq(engine.live_ranges_at_exit, 2);
+    cr_assert_eq(engine.live_bytes_at_exit, 96 * PAGE);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.unregister_exit, 2);
+    engine_after_lock(&engine, A(0), 64 * PAGE); /* after exit: nothing */
+    cr_assert_not(engine_has_registrations(&engine));
+}
+
+Test(engine, fork_reset_forgets_without_unregistering)
+{
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_reset_after_fork(&engine);
+    cr_assert_not(engine_has_registrations(&engine));
+    cr_assert_eq(mock.unregister_calls, 0);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.register_ok, 0);
+}
+
+struct worker {
+    pthread_t thread;
+    uintptr_t base;
+    unsigned seed;
+};
+
+static void *worker_main(void *argument)
+{
+    struct worker *worker = argument;
+    for (int i = 0; i < 2000; i++) {
+        unsigned r = (unsigned)rand_r(&worker->seed);
+        uintptr_t first = worker->base + (r % 48) * PAGE;
+        uintptr_t pages = 16 + (r >> 8) % 32;
+        if ((r >> 16) & 1)
+            engine_after_lock(&engine, first, pages * PAGE);
+        else
+            engine_release(&engine, first, first + pages * PAGE, RELEASE_MUNLOCK, NULL);
+    }
+    engine_release(&engine, worker->base, worker->base + 128 * PAGE, RELEASE_FREE, NULL);
+    return NULL;
+}
+
+/* Eight threads over neighbouring areas that share a boundary page pairwise. */
+Test(engine, concurrent_lock_and_release, .timeout = 120)
+{
+    struct worker workers[8];
+    for (int i = 0; i < 8; i++) {
+        workers[i].base = A((uintptr_t)i * 96 * PAGE);
+        workers[i].seed = (unsigned)i * 7919u + 1;
+        pthread_create(&workers[i].thread, NULL, worker_main, &workers[i]);
+    }
+    for (int i = 0; i < 8; i++)
+        pthread_join(workers[i].thread, NULL);
+    expect_ranges(NULL, 0);
+    cr_assert_eq(mock.overlap_violations, 0);
+}
+
+static void *slow_locker(void *argument)
+{
+    (void)argument;
+    engine_after_lock(&engine, A(0), 64 * PAGE);
+    return NULL;
+}
+
+/* A release that meets a registration still in flight waits for it, then
+ * unregisters it: never a stale registration, never an overlap. */
+Test(engine, release_waits_for_registration_in_flight)
+{
+    mock.register_delay = 200000;
+    pthread_t thread;
+    pthread_create(&thread, NULL, slow_locker, NULL);
+    while (!engine_has_registrations(&engine))
+        usleep(1000);
+    engine_release(&engine, A(0), A(64 * PAGE), RELEASE_MUNLOCK, NULL);
+    pthread_join(thread, NULL);
+    expect_ranges(NULL, 0);
+    cr_assert_eq(mock.unregister_calls, 1);
+}
