@@ -203,7 +203,7 @@ Test(options, format_value_round_trips)
 Test(options, every_option_has_a_cli_name_and_env_name)
 {
     for (int i = 0; i < OPT_COUNT; i++) {
-        cr_assert_eq(option_table[i].id, i);
+        cr_assert_eq((int)option_table[i].id, i);
         cr_assert_eq(option_find_by_env(option_table[i].env_name), &option_table[i]);
         cr_assert_eq(option_find_by_cli(option_table[i].cli_name), &option_table[i]);
     }
