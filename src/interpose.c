@@ -179,6 +179,28 @@ static void restore_mapped_pieces(struct engine_ticket *ticket)
     engine_ticket_discard(&runtime_engine, ticket);
 }
 
+/* Unregisters what overlaps [start, end) before a call that unlocks or releases
+ * it, keeping the caller's errno for the real call. */
+static void release_before(uintptr_t start, uintptr_t end, enum release_reason reason,
+                           struct engine_ticket *ticket)
+{
+    int saved_errno = errno;
+    engine_release(&runtime_engine, start, end, reason, ticket);
+    errno = saved_errno;
+}
+
+/* After the real call: when it failed, registers again what it left locked
+ * (from still_locked_from on); either way keeps the call's errno. */
+static void settle_after(struct engine_ticket *ticket, bool failed, uintptr_t still_locked_from)
+{
+    int saved_errno = errno;
+    if (failed)
+        engine_restore(&runtime_engine, ticket, still_locked_from, UINTPTR_MAX);
+    else
+        engine_ticket_discard(&runtime_engine, ticket);
+    errno = saved_errno;
+}
+
 /* ---- allocation ---- */
 
 static void release_allocation(void *ptr, enum release_reason reason, struct engine_ticket *ticket)
@@ -187,15 +209,13 @@ static void release_allocation(void *ptr, enum release_reason reason, struct eng
     uintptr_t start = page_floor((uintptr_t)ptr);
     uintptr_t end = range_end((uintptr_t)ptr, usable == 0 ? 1 : usable);
     if (engine_may_overlap(&runtime_engine, start, end))
-        engine_release(&runtime_engine, start, end, reason, ticket);
+        release_before(start, end, reason, ticket);
 }
 
 __attribute__((noinline)) static void free_with_registrations(void *ptr)
 {
-    int saved_errno = errno;
     if (!runtime_guarded())
         release_allocation(ptr, RELEASE_FREE, NULL);
-    errno = saved_errno;
     real.free(ptr);
 }
 
@@ -229,21 +249,13 @@ static void *realloc_common(void *ptr, size_t nmemb, size_t size, bool is_array)
                        : (overflow ? (errno = ENOMEM, NULL) : real.realloc(ptr, total));
         return real.realloc(ptr, size);
     }
-    int saved_errno = errno;
     struct engine_ticket ticket = {0};
     /* realloc(p, 0) frees p: nothing to put back afterwards. */
     release_allocation(ptr, RELEASE_REALLOC, total == 0 ? NULL : &ticket);
-    errno = saved_errno;
     void *result = is_array && real.reallocarray ? real.reallocarray(ptr, nmemb, size)
                                                  : real.realloc(ptr, total);
-    saved_errno = errno;
-    if (result == NULL && total != 0) {
-        /* The block is untouched and its pages still locked. */
-        engine_restore(&runtime_engine, &ticket, 0, UINTPTR_MAX);
-    } else {
-        engine_ticket_discard(&runtime_engine, &ticket);
-    }
-    errno = saved_errno;
+    /* A failed realloc leaves the block untouched and its pages locked. */
+    settle_after(&ticket, result == NULL && total != 0, 0);
     return result;
 }
 
@@ -328,21 +340,12 @@ PINSHIM_EXPORT int munlock(const void *addr, size_t len)
     uintptr_t end = range_end((uintptr_t)addr, len);
     if (!engine_may_overlap(&runtime_engine, start, end))
         return real.munlock(addr, len);
-    int saved_errno = errno;
     struct engine_ticket ticket = {0};
-    engine_release(&runtime_engine, start, end, RELEASE_MUNLOCK, &ticket);
-    errno = saved_errno;
+    release_before(start, end, RELEASE_MUNLOCK, &ticket);
     int result = real.munlock(addr, len);
-    saved_errno = errno;
-    if (result != 0) {
-        /* ENOMEM: unlocked up to the first hole; the rest is still locked. */
-        uintptr_t still_locked_from =
-            saved_errno == ENOMEM ? first_unmapped_page(start, end) : start;
-        engine_restore(&runtime_engine, &ticket, still_locked_from, end);
-    } else {
-        engine_ticket_discard(&runtime_engine, &ticket);
-    }
-    errno = saved_errno;
+    /* ENOMEM: Linux unlocked up to the first hole; the rest is still locked. */
+    settle_after(&ticket, result != 0,
+                 result != 0 && errno == ENOMEM ? first_unmapped_page(start, end) : start);
     return result;
 }
 
@@ -367,17 +370,10 @@ PINSHIM_EXPORT int munlockall(void)
     engine_count(&runtime_engine.unlock_calls);
     if (!engine_has_registrations(&runtime_engine))
         return real.munlockall();
-    int saved_errno = errno;
     struct engine_ticket ticket = {0};
-    engine_release(&runtime_engine, 0, PAGE_INDEX_LIMIT, RELEASE_MUNLOCK, &ticket);
-    errno = saved_errno;
+    release_before(0, PAGE_INDEX_LIMIT, RELEASE_MUNLOCK, &ticket);
     int result = real.munlockall();
-    saved_errno = errno;
-    if (result != 0)
-        engine_restore(&runtime_engine, &ticket, 0, UINTPTR_MAX);
-    else
-        engine_ticket_discard(&runtime_engine, &ticket);
-    errno = saved_errno;
+    settle_after(&ticket, result != 0, 0);
     return result;
 }
 
@@ -393,17 +389,14 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
     if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1) || runtime_guarded())
         return next(addr, length, prot, flags, fd, offset);
 
-    int saved_errno = errno;
     struct engine_ticket ticket = {0};
     uintptr_t start = (uintptr_t)addr;
     bool replaces = (flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE) && length != 0 &&
                     start % runtime_page_size == 0;
     if (replaces && engine_may_overlap(&runtime_engine, start, range_end(start, length)))
-        engine_release(&runtime_engine, start, range_end(start, length), RELEASE_MMAP_FIXED,
-                       &ticket);
-    errno = saved_errno;
+        release_before(start, range_end(start, length), RELEASE_MMAP_FIXED, &ticket);
     void *result = next(addr, length, prot, flags, fd, offset);
-    saved_errno = errno;
+    int saved_errno = errno;
     if (result == MAP_FAILED)
         restore_mapped_pieces(&ticket);
     else
@@ -434,17 +427,10 @@ PINSHIM_EXPORT int munmap(void *addr, size_t length)
     if (runtime_guarded() || length == 0 || start % runtime_page_size != 0 ||
         !engine_may_overlap(&runtime_engine, start, range_end(start, length)))
         return real.munmap(addr, length);
-    int saved_errno = errno;
     struct engine_ticket ticket = {0};
-    engine_release(&runtime_engine, start, range_end(start, length), RELEASE_MUNMAP, &ticket);
-    errno = saved_errno;
+    release_before(start, range_end(start, length), RELEASE_MUNMAP, &ticket);
     int result = real.munmap(addr, length);
-    saved_errno = errno;
-    if (result != 0)
-        engine_restore(&runtime_engine, &ticket, 0, UINTPTR_MAX);
-    else
-        engine_ticket_discard(&runtime_engine, &ticket);
-    errno = saved_errno;
+    settle_after(&ticket, result != 0, 0);
     return result;
 }
 
@@ -485,16 +471,14 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
     if (!involved)
         return real.mremap(old_address, old_size, new_size, flags, new_address);
 
-    int saved_errno = errno;
     struct engine_ticket moved = {0}, replaced = {0};
     if (old_size != 0)
-        engine_release(&runtime_engine, old_start, old_end, RELEASE_MREMAP, &moved);
+        release_before(old_start, old_end, RELEASE_MREMAP, &moved);
     if (flags & MREMAP_FIXED)
-        engine_release(&runtime_engine, (uintptr_t)new_address,
-                       range_end((uintptr_t)new_address, new_size), RELEASE_MREMAP, &replaced);
-    errno = saved_errno;
+        release_before((uintptr_t)new_address, range_end((uintptr_t)new_address, new_size),
+                       RELEASE_MREMAP, &replaced);
     void *result = real.mremap(old_address, old_size, new_size, flags, new_address);
-    saved_errno = errno;
+    int saved_errno = errno;
     if (result == MAP_FAILED) {
         engine_restore(&runtime_engine, &moved, 0, UINTPTR_MAX);
         restore_mapped_pieces(&replaced);

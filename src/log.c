@@ -1,5 +1,7 @@
 #include "log.h"
 
+#include "io.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -48,16 +50,6 @@ void log_message(enum log_level level, const char *format, ...)
         n = 0;
     used += (size_t)n < sizeof(line) - used - 1 ? (size_t)n : sizeof(line) - used - 2;
     line[used++] = '\n';
-    int fd = __atomic_load_n(&log_fd, __ATOMIC_RELAXED);
-    const char *cursor = line;
-    while (used > 0) {
-        ssize_t written = write(fd, cursor, used);
-        if (written < 0 && errno == EINTR)
-            continue;
-        if (written <= 0)
-            break;
-        cursor += written;
-        used -= (size_t)written;
-    }
+    write_fully(__atomic_load_n(&log_fd, __ATOMIC_RELAXED), line, used);
     errno = saved_errno;
 }

@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include "io.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -308,16 +310,7 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
 
 static void write_all(int fd, const char *text)
 {
-    size_t left = strlen(text);
-    while (left > 0) {
-        ssize_t n = write(fd, text, left);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return;
-        text += n;
-        left -= (size_t)n;
-    }
+    write_fully(fd, text, strlen(text));
 }
 
 /* Markdown cells may not hold a bare '|'. */

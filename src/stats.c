@@ -1,5 +1,7 @@
 #include "stats.h"
 
+#include "io.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -16,18 +18,8 @@ struct out_buffer {
 
 static void out_flush(struct out_buffer *out)
 {
-    const char *cursor = out->data;
-    while (out->used > 0 && !out->failed) {
-        ssize_t n = write(out->fd, cursor, out->used);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            out->failed = true;
-            break;
-        }
-        cursor += n;
-        out->used -= (size_t)n;
-    }
+    if (!out->failed && !write_fully(out->fd, out->data, out->used))
+        out->failed = true;
     out->used = 0;
 }
 
