@@ -229,6 +229,14 @@ void config_set_defaults(struct pinshim_config *cfg)
 int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context)
 {
     config_set_defaults(cfg);
+    /* The log level comes first so that PINSHIM_LOG=quiet silences the warnings
+     * about the other values too. */
+    const char *level = lookup(option_table[OPT_LOG].env_name, context);
+    struct pinshim_config level_only;
+    char ignored[8];
+    log_set_level(level != NULL && parse_log(level, &level_only, ignored, sizeof(ignored))
+                      ? level_only.log_level
+                      : LOG_WARN);
     int bad = 0;
     for (int i = 0; i < OPT_COUNT; i++) {
         const struct option_spec *spec = &option_table[i];
@@ -238,7 +246,6 @@ int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *conte
         char why[96] = "";
         if (!spec->parse(value, cfg, why, sizeof(why))) {
             bad++;
-            /* Level is not final yet: a bad value is always worth one line. */
             log_message(LOG_WARN, "%s=\"%.200s\" is not valid (%s); accepted: %s; using %s",
                         spec->env_name, value, why, spec->accepted, spec->default_text);
         }

@@ -51,7 +51,8 @@ void config_set_defaults(struct pinshim_config *cfg);
 
 typedef const char *(*config_lookup_fn)(const char *name, void *context);
 
-/* Reads every option through lookup (getenv for the shim). A bad value gets one
+/* Reads every option through lookup (getenv for the shim) and sets the log
+ * level from PINSHIM_LOG first. A bad value gets one
  * "pinshim: ..." warning naming the variable, the value, what is accepted and the
  * default used instead. Returns the number of bad values. */
 int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context);

@@ -34,7 +34,6 @@ static int load_one(struct pinshim_config *cfg, const char *name, const char *va
     int pipe_fds[2];
     cr_assert_eq(pipe(pipe_fds), 0);
     log_set_fd(pipe_fds[1]);
-    log_set_level(LOG_WARN);
     int bad = config_load(cfg, lookup, &environment);
     log_set_fd(-1);
     close(pipe_fds[1]);
@@ -132,6 +131,23 @@ Test(options, bad_value_warns_once_and_uses_default)
     cr_assert_eq(cfg.stats_mode, STATS_NONE);
     /* One line per bad value. */
     cr_assert_eq(strchr(logged, '\n'), strrchr(logged, '\n'));
+}
+
+Test(options, quiet_silences_warnings_about_other_values)
+{
+    struct fake_environment environment = {{"PINSHIM_LOG", "PINSHIM_MIN_BYTES"}, {"QUIET", "x"}};
+    int pipe_fds[2];
+    cr_assert_eq(pipe(pipe_fds), 0);
+    log_set_fd(pipe_fds[1]);
+    struct pinshim_config cfg;
+    cr_assert_eq(config_load(&cfg, lookup, &environment), 1);
+    log_set_fd(-1);
+    close(pipe_fds[1]);
+    char buffer[64];
+    cr_assert_eq(read(pipe_fds[0], buffer, sizeof(buffer)), 0, "quiet still logged");
+    close(pipe_fds[0]);
+    cr_assert_eq(cfg.min_bytes, 65536);
+    log_set_level(LOG_WARN);
 }
 
 Test(options, flags)
