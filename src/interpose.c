@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -66,6 +67,9 @@ static struct {
 } real = {.free = bootstrap_free, .malloc_usable_size = bootstrap_usable_size};
 
 static int resolved;
+static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
+/* Set while this thread runs dlsym for the real functions: what dlsym itself
+ * calls must not wait for the resolution it is part of. */
 static __thread int resolving __attribute__((tls_model("initial-exec")));
 
 static void *next_symbol(const char *name)
@@ -73,17 +77,12 @@ static void *next_symbol(const char *name)
     return dlsym(RTLD_NEXT, name);
 }
 
-static void resolve_real_functions(void)
+static void resolve_once_body(void)
 {
-    if (__atomic_load_n(&resolved, __ATOMIC_ACQUIRE))
-        return;
     resolving++;
-    /* Fill each slot once and publish it whole; racing threads store the same values. */
-    free_fn next_free = (free_fn)next_symbol("free");
     real.realloc = (realloc_fn)next_symbol("realloc");
     real.reallocarray = (reallocarray_fn)next_symbol("reallocarray");
     real.posix_memalign = (posix_memalign_fn)next_symbol("posix_memalign");
-    usable_size_fn next_usable = (usable_size_fn)next_symbol("malloc_usable_size");
     real.mlock = (mlock_fn)next_symbol("mlock");
     real.mlock2 = (mlock2_fn)next_symbol("mlock2");
     real.munlock = (munlock_fn)next_symbol("munlock");
@@ -93,6 +92,10 @@ static void resolve_real_functions(void)
     real.mmap64 = (mmap_fn)next_symbol("mmap64");
     real.munmap = (munmap_fn)next_symbol("munmap");
     real.mremap = (mremap_fn)next_symbol("mremap");
+    /* free and malloc_usable_size are read without synchronisation on the hot
+     * path: publish them with release stores, last. */
+    usable_size_fn next_usable = (usable_size_fn)next_symbol("malloc_usable_size");
+    free_fn next_free = (free_fn)next_symbol("free");
     if (next_usable != NULL)
         __atomic_store_n(&real.malloc_usable_size, next_usable, __ATOMIC_RELEASE);
     if (next_free != NULL)
@@ -101,10 +104,22 @@ static void resolve_real_functions(void)
     __atomic_store_n(&resolved, 1, __ATOMIC_RELEASE);
 }
 
+static void resolve_real_functions(void)
+{
+    if (resolving)
+        return;
+    pthread_once(&resolve_once, resolve_once_body);
+}
+
 static inline void ensure_resolved(void)
 {
     if (__builtin_expect(!__atomic_load_n(&resolved, __ATOMIC_ACQUIRE), 0))
         resolve_real_functions();
+}
+
+static inline free_fn real_free(void)
+{
+    return __atomic_load_n(&real.free, __ATOMIC_ACQUIRE);
 }
 
 static void bootstrap_free(void *ptr)
@@ -112,8 +127,8 @@ static void bootstrap_free(void *ptr)
     if (resolving)
         return; /* freed by dlsym while resolving: leaking a few bytes is safe */
     resolve_real_functions();
-    if (real.free != bootstrap_free)
-        real.free(ptr);
+    if (real_free() != bootstrap_free)
+        real_free()(ptr);
 }
 
 static size_t bootstrap_usable_size(void *ptr)
@@ -121,7 +136,8 @@ static size_t bootstrap_usable_size(void *ptr)
     if (resolving)
         return 0;
     resolve_real_functions();
-    return real.malloc_usable_size != bootstrap_usable_size ? real.malloc_usable_size(ptr) : 0;
+    usable_size_fn next = __atomic_load_n(&real.malloc_usable_size, __ATOMIC_ACQUIRE);
+    return next != bootstrap_usable_size ? next(ptr) : 0;
 }
 
 static inline uintptr_t page_floor(uintptr_t addr)
@@ -205,7 +221,7 @@ static void settle_after(struct engine_ticket *ticket, bool failed, uintptr_t st
 
 static void release_allocation(void *ptr, enum release_reason reason, struct engine_ticket *ticket)
 {
-    size_t usable = real.malloc_usable_size(ptr);
+    size_t usable = __atomic_load_n(&real.malloc_usable_size, __ATOMIC_ACQUIRE)(ptr);
     uintptr_t start = page_floor((uintptr_t)ptr);
     uintptr_t end = range_end((uintptr_t)ptr, usable == 0 ? 1 : usable);
     if (engine_may_overlap(&runtime_engine, start, end))
@@ -216,14 +232,14 @@ __attribute__((noinline)) static void free_with_registrations(void *ptr)
 {
     if (!runtime_guarded())
         release_allocation(ptr, RELEASE_FREE, NULL);
-    real.free(ptr);
+    real_free()(ptr);
 }
 
 PINSHIM_EXPORT void free(void *ptr)
 {
     /* The hot path: one load decides that no registration can be involved. */
     if (__builtin_expect(!engine_has_registrations(&runtime_engine), 1) || ptr == NULL) {
-        real.free(ptr);
+        real_free()(ptr);
         return;
     }
     free_with_registrations(ptr);
