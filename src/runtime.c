@@ -8,6 +8,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,9 @@ static const char *cuda_disabled_reason; /* for the stats when nothing was loade
 static bool is_fork_child;
 static bool parent_used_cuda;
 static int mlockall_logged;
+/* A copy of stderr taken at start: programs such as coreutils close fd 2 in
+ * their exit handlers, which run before the shim's destructor. */
+static int stderr_copy = -1;
 
 /* ---- CUDA backend for the engine ---- */
 
@@ -160,6 +164,19 @@ static void warn_if_allocator_precedes_shim(void)
              winner.dli_fname);
 }
 
+/* UCX (Open MPI's and others' transport) hooks mmap/munmap/mremap by default by
+ * overwriting the first bytes of the mmap it finds by name -- the shim's -- and
+ * then calls the system directly, so the shim would never see those calls again.
+ * Its relocation mode patches call sites instead and keeps both hooks working.
+ * An explicit choice by the user is left alone. */
+static void avoid_ucx_code_patching(void)
+{
+    if (!runtime_config.register_enabled || getenv("UCX_MEM_MMAP_HOOK_MODE") != NULL)
+        return;
+    if (setenv("UCX_MEM_MMAP_HOOK_MODE", "reloc", 0) == 0)
+        log_debug("set UCX_MEM_MMAP_HOOK_MODE=reloc so UCX's memory hooks and the shim's coexist");
+}
+
 static void initialize(void)
 {
     long page = sysconf(_SC_PAGESIZE);
@@ -171,6 +188,9 @@ static void initialize(void)
         log_warn("cannot map memory for the range registry; registration is off");
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     warn_if_allocator_precedes_shim();
+    if (runtime_config.stats_mode != STATS_NONE)
+        stderr_copy = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+    avoid_ucx_code_patching();
 }
 
 void runtime_ensure_initialized(void)
@@ -247,6 +267,14 @@ static void fill_report(struct stats_report *report)
     report->error_count = count;
 }
 
+/* Writes the text summary on stderr, or on the copy taken at start when the
+ * program has closed stderr by now. */
+static void write_summary(const struct stats_report *report)
+{
+    if (!stats_write_text(STDERR_FILENO, report) && stderr_copy >= 0)
+        stats_write_text(stderr_copy, report);
+}
+
 static void write_stats(void)
 {
     if (runtime_config.stats_mode == STATS_NONE)
@@ -254,7 +282,7 @@ static void write_stats(void)
     struct stats_report report;
     fill_report(&report);
     if (runtime_config.stats_mode == STATS_TEXT) {
-        stats_write_text(STDERR_FILENO, &report);
+        write_summary(&report);
         return;
     }
     char path[CONFIG_PATH_MAX];
@@ -264,12 +292,12 @@ static void write_stats(void)
         log_warn("PINSHIM_STATS=\"%s\" expands to a path that is too long; writing the summary "
                  "to stderr instead",
                  runtime_config.stats_path);
-        stats_write_text(STDERR_FILENO, &report);
+        write_summary(&report);
         return;
     }
     if (!stats_write_file(path, &report, why, sizeof(why))) {
         log_warn("cannot write stats to %s (%s); writing the summary to stderr instead", path, why);
-        stats_write_text(STDERR_FILENO, &report);
+        write_summary(&report);
     }
 }
 
