@@ -92,9 +92,50 @@ static bool wait_for_pending_locked(struct engine *engine, uintptr_t start, uint
     return false;
 }
 
+void engine_note_unlock(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    pthread_mutex_lock(&engine->mutex);
+    uint64_t sequence = engine->unlock_sequence + 1;
+    engine->recent_unlocks[sequence % ENGINE_RECENT_UNLOCKS] =
+        (struct engine_unlock_note){start, end, sequence};
+    __atomic_store_n(&engine->unlock_sequence, sequence, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&engine->mutex);
+}
+
+/* The first part of [start, end) that an unlock noted after since touches, as
+ * [*conflict_start, *conflict_end); false if none. When more unlocks came than
+ * the notes hold, all of [start, end) counts as touched. */
+static bool find_unlock_conflict_locked(const struct engine *engine, uint64_t since,
+                                        uintptr_t start, uintptr_t end, uintptr_t *conflict_start,
+                                        uintptr_t *conflict_end)
+{
+    if (since == ENGINE_NO_UNLOCK_CHECK || engine->unlock_sequence <= since)
+        return false;
+    if (engine->unlock_sequence - since > ENGINE_RECENT_UNLOCKS) {
+        *conflict_start = start;
+        *conflict_end = end;
+        return true;
+    }
+    bool found = false;
+    for (uint64_t sequence = since + 1; sequence <= engine->unlock_sequence; sequence++) {
+        const struct engine_unlock_note *note =
+            &engine->recent_unlocks[sequence % ENGINE_RECENT_UNLOCKS];
+        uintptr_t from = note->start > start ? note->start : start;
+        uintptr_t to = note->end < end ? note->end : end;
+        if (from < to && (!found || from < *conflict_start)) {
+            *conflict_start = from;
+            *conflict_end = to;
+            found = true;
+        }
+    }
+    return found;
+}
+
 /* Registers every page of [start, end) that no registration covers, one gap at a
- * time. Called and returns with the mutex held; drops it around each backend call. */
-static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+ * time, leaving out pages an unlock noted after unlocks_before touches. Called
+ * and returns with the mutex held; drops it around each backend call. */
+static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr_t end,
+                                 uint64_t unlocks_before)
 {
     struct range_registry *registry = &engine->registry;
     uintptr_t cursor = start;
@@ -108,6 +149,16 @@ static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr
         if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start, end,
                                   &gap_end))
             gap_end = end;
+        uintptr_t conflict_start = 0, conflict_end = 0;
+        if (find_unlock_conflict_locked(engine, unlocks_before, gap_start, gap_end, &conflict_start,
+                                        &conflict_end)) {
+            if (conflict_start == gap_start) {
+                engine->skipped_race += (conflict_end - conflict_start) / engine->page_size;
+                cursor = conflict_end;
+                continue;
+            }
+            gap_end = conflict_start; /* the rest is looked at next time round */
+        }
         if (!range_registry_insert(registry, gap_start, gap_end, RANGE_REGISTERING)) {
             engine->counters.register_failed++;
             log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",
@@ -159,7 +210,8 @@ static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr
     }
 }
 
-void engine_register_pages(struct engine *engine, uintptr_t start, uintptr_t end)
+static void register_pages(struct engine *engine, uintptr_t start, uintptr_t end,
+                           uint64_t unlocks_before)
 {
     if (!engine->registry_ok || start >= end || end > PAGE_INDEX_LIMIT)
         return;
@@ -168,11 +220,17 @@ void engine_register_pages(struct engine *engine, uintptr_t start, uintptr_t end
         return;
     }
     pthread_mutex_lock(&engine->mutex);
-    register_gaps_locked(engine, start, end);
+    register_gaps_locked(engine, start, end, unlocks_before);
     pthread_mutex_unlock(&engine->mutex);
 }
 
-void engine_after_lock(struct engine *engine, uintptr_t addr, size_t length)
+void engine_register_pages(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    register_pages(engine, start, end, ENGINE_NO_UNLOCK_CHECK);
+}
+
+void engine_after_lock(struct engine *engine, uintptr_t addr, size_t length,
+                       uint64_t unlocks_before)
 {
     if (length < engine->min_bytes) {
         engine_count(&engine->skipped_small);
@@ -188,7 +246,7 @@ void engine_after_lock(struct engine *engine, uintptr_t addr, size_t length)
     end = (end + page_mask) & ~page_mask;
     if (__atomic_load_n(&engine->shut_down, __ATOMIC_RELAXED))
         return;
-    engine_register_pages(engine, start, end);
+    register_pages(engine, start, end, unlocks_before);
 }
 
 static uint64_t *reason_counter(struct pinshim_counters *counters, enum release_reason reason)
@@ -284,9 +342,9 @@ void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
          * unless the runtime still holds the old registration. */
         if (error == ENGINE_CUDA_SUCCESS || error == ENGINE_CUDA_NOT_REGISTERED) {
             if (removed.base < start)
-                register_gaps_locked(engine, removed.base, start);
+                register_gaps_locked(engine, removed.base, start, ENGINE_NO_UNLOCK_CHECK);
             if (removed.end > end)
-                register_gaps_locked(engine, end, removed.end);
+                register_gaps_locked(engine, end, removed.end, ENGINE_NO_UNLOCK_CHECK);
         }
     }
     pthread_mutex_unlock(&engine->mutex);
@@ -318,7 +376,7 @@ void engine_restore(struct engine *engine, struct engine_ticket *ticket, uintptr
         uintptr_t end = piece->end < clip_end ? piece->end : clip_end;
         node_pool_put(&engine->piece_pool, piece);
         if (start < end)
-            register_gaps_locked(engine, start, end);
+            register_gaps_locked(engine, start, end, ENGINE_NO_UNLOCK_CHECK);
     }
     pthread_mutex_unlock(&engine->mutex);
 }

@@ -58,6 +58,15 @@ struct engine_ticket {
 };
 
 #define ENGINE_ERROR_SLOTS 32
+/* Recent munlock ranges, to tell a lock racing an unlock of a shared page. */
+#define ENGINE_RECENT_UNLOCKS 64
+/* engine_register_pages callers that need no race check pass this. */
+#define ENGINE_NO_UNLOCK_CHECK UINT64_MAX
+
+struct engine_unlock_note {
+    uintptr_t start, end;
+    uint64_t sequence;
+};
 
 struct engine_error_count {
     int code;
@@ -81,6 +90,9 @@ struct engine {
     uint64_t skipped_address;  /* locks above the indexed address space */
     uint64_t exit_unloading;   /* exit unregistrations answered cudaErrorCudartUnloading */
     uint64_t live_ranges_at_exit, live_bytes_at_exit;
+    uint64_t skipped_race;    /* pages left unregistered: an unlock raced the lock */
+    uint64_t unlock_sequence; /* munlock calls noted; read without the lock */
+    struct engine_unlock_note recent_unlocks[ENGINE_RECENT_UNLOCKS];
     struct engine_error_count errors[ENGINE_ERROR_SLOTS];
     uint32_t warned_register[ENGINE_ERROR_SLOTS], warned_unregister[ENGINE_ERROR_SLOTS];
     struct node_pool piece_pool;
@@ -106,9 +118,23 @@ static inline bool engine_has_registrations(const struct engine *engine)
     return __atomic_load_n(&engine->record_count, __ATOMIC_RELAXED) != 0;
 }
 
+/* Lock and unlock race on a page two buffers share: the kernel may have
+ * unlocked it after the lock returned and before the engine registers it. The
+ * lock path reads the unlock sequence before the real lock; every munlock is
+ * noted before the real munlock; pages that an unlock noted since then touches
+ * are left unregistered (safe: a page DMA-copied at pageable speed, never a
+ * registration of unlocked memory). */
+static inline uint64_t engine_unlock_sequence(const struct engine *engine)
+{
+    return __atomic_load_n(&engine->unlock_sequence, __ATOMIC_ACQUIRE);
+}
+void engine_note_unlock(struct engine *engine, uintptr_t start, uintptr_t end);
+
 /* After a successful lock of [addr, addr + length) (byte range as the caller gave
- * it): registers the pages not yet registered, when length >= min_bytes. */
-void engine_after_lock(struct engine *engine, uintptr_t addr, size_t length);
+ * it): registers the pages not yet registered, when length >= min_bytes, except
+ * those an unlock noted after unlocks_before touches. */
+void engine_after_lock(struct engine *engine, uintptr_t addr, size_t length,
+                       uint64_t unlocks_before);
 /* Registers every unregistered page of [start, end) regardless of min_bytes. */
 void engine_register_pages(struct engine *engine, uintptr_t start, uintptr_t end);
 /* Before [start, end) is unlocked or released: unregisters every registration

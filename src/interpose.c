@@ -5,6 +5,7 @@
 /* Define mmap and mmap64 as two symbols: no off_t redirection here. */
 #undef _FILE_OFFSET_BITS
 
+#include "memory_map.h"
 #include "runtime.h"
 
 #include <dlfcn.h>
@@ -312,27 +313,29 @@ PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
 
 /* ---- locking ---- */
 
-static void after_successful_lock(const void *addr, size_t length)
+static void after_successful_lock(const void *addr, size_t length, uint64_t unlocks_before)
 {
     int saved_errno = errno;
     runtime_ensure_initialized();
     engine_count(&runtime_engine.lock_calls);
-    engine_after_lock(&runtime_engine, (uintptr_t)addr, length);
+    engine_after_lock(&runtime_engine, (uintptr_t)addr, length, unlocks_before);
     errno = saved_errno;
 }
 
 PINSHIM_EXPORT int mlock(const void *addr, size_t len)
 {
     ensure_resolved();
+    uint64_t unlocks_before = engine_unlock_sequence(&runtime_engine);
     int result = real.mlock(addr, len);
     if (result == 0 && !runtime_guarded())
-        after_successful_lock(addr, len);
+        after_successful_lock(addr, len, unlocks_before);
     return result;
 }
 
 PINSHIM_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
 {
     ensure_resolved();
+    uint64_t unlocks_before = engine_unlock_sequence(&runtime_engine);
     int result;
     if (real.mlock2 != NULL) {
         result = real.mlock2(addr, len, flags);
@@ -342,7 +345,7 @@ PINSHIM_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
     /* MLOCK_ONFAULT locks lazily; registering faults the pages in, which the
      * program asked to keep resident anyway. */
     if (result == 0 && !runtime_guarded())
-        after_successful_lock(addr, len);
+        after_successful_lock(addr, len, unlocks_before);
     return result;
 }
 
@@ -354,6 +357,8 @@ PINSHIM_EXPORT int munlock(const void *addr, size_t len)
     engine_count(&runtime_engine.unlock_calls);
     uintptr_t start = page_floor((uintptr_t)addr);
     uintptr_t end = range_end((uintptr_t)addr, len);
+    runtime_ensure_initialized();
+    engine_note_unlock(&runtime_engine, start, end);
     if (!engine_may_overlap(&runtime_engine, start, end))
         return real.munlock(addr, len);
     struct engine_ticket ticket = {0};
@@ -384,6 +389,8 @@ PINSHIM_EXPORT int munlockall(void)
     if (runtime_guarded())
         return real.munlockall();
     engine_count(&runtime_engine.unlock_calls);
+    runtime_ensure_initialized();
+    engine_note_unlock(&runtime_engine, 0, PAGE_INDEX_LIMIT);
     if (!engine_has_registrations(&runtime_engine))
         return real.munlockall();
     struct engine_ticket ticket = {0};
@@ -405,6 +412,7 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
     if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1) || runtime_guarded())
         return next(addr, length, prot, flags, fd, offset);
 
+    uint64_t unlocks_before = engine_unlock_sequence(&runtime_engine);
     struct engine_ticket ticket = {0};
     uintptr_t start = (uintptr_t)addr;
     bool replaces = (flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE) && length != 0 &&
@@ -418,7 +426,7 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
     else
         engine_ticket_discard(&runtime_engine, &ticket);
     if (result != MAP_FAILED && (flags & MAP_LOCKED))
-        after_successful_lock(result, length);
+        after_successful_lock(result, length, unlocks_before);
     errno = saved_errno;
     return result;
 }
@@ -457,10 +465,14 @@ static void register_moved_pieces(struct engine_ticket *ticket, uintptr_t old_st
 {
     uintptr_t new_end = range_end(new_start, new_size);
     for (struct engine_ticket_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
-        uintptr_t start = new_start + (piece->start - old_start);
-        uintptr_t end = new_start + (piece->end - old_start);
+        if (piece->end <= old_start || piece->start >= old_end)
+            continue; /* released with the old mapping, not moved */
+        uintptr_t from = piece->start > old_start ? piece->start : old_start;
+        uintptr_t to = piece->end < old_end ? piece->end : old_end;
+        uintptr_t start = new_start + (from - old_start);
+        uintptr_t end = new_start + (to - old_start);
         /* Growth of a locked mapping is locked too: one registration covers both. */
-        if (piece->end == old_end || end > new_end)
+        if (to == old_end || end > new_end)
             end = new_end;
         if (start < end)
             engine_register_pages(&runtime_engine, start, end);
@@ -481,6 +493,7 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
     uintptr_t old_end = range_end(old_start, old_size);
     bool involved = !runtime_guarded() && old_start % runtime_page_size == 0 &&
                     (engine_may_overlap(&runtime_engine, old_start, old_end) ||
+                     ((flags & MREMAP_DONTUNMAP) && engine_has_registrations(&runtime_engine)) ||
                      ((flags & MREMAP_FIXED) &&
                       engine_may_overlap(&runtime_engine, (uintptr_t)new_address,
                                          range_end((uintptr_t)new_address, new_size))));
@@ -488,8 +501,16 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
         return real.mremap(old_address, old_size, new_size, flags, new_address);
 
     struct engine_ticket moved = {0}, replaced = {0};
+    /* MREMAP_DONTUNMAP clears the lock of the whole mapping that held the old
+     * range, not only of the range (Linux move_vma): release all of it. */
+    uintptr_t release_start = old_start, release_end = old_end;
+    if ((flags & MREMAP_DONTUNMAP) && old_size != 0 &&
+        !memory_map_find(old_start, &release_start, &release_end)) {
+        release_start = old_start;
+        release_end = old_end;
+    }
     if (old_size != 0)
-        release_before(old_start, old_end, RELEASE_MREMAP, &moved);
+        release_before(release_start, release_end, RELEASE_MREMAP, &moved);
     if (flags & MREMAP_FIXED)
         release_before((uintptr_t)new_address, range_end((uintptr_t)new_address, new_size),
                        RELEASE_MREMAP, &replaced);

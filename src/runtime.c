@@ -254,6 +254,7 @@ static void fill_report(struct stats_report *report)
     report->skipped_disabled = __atomic_load_n(&runtime_engine.skipped_disabled, __ATOMIC_RELAXED);
     report->skipped_address = __atomic_load_n(&runtime_engine.skipped_address, __ATOMIC_RELAXED);
     report->exit_unloading = runtime_engine.exit_unloading;
+    report->skipped_race_pages = runtime_engine.skipped_race;
     report->live_ranges_at_exit = runtime_engine.live_ranges_at_exit;
     report->live_bytes_at_exit = runtime_engine.live_bytes_at_exit;
     report->fork_child = is_fork_child;
@@ -289,14 +290,15 @@ static void write_stats(void)
     char why[256];
     if (!stats_expand_path(runtime_config.stats_path, report.pid, report.host, path,
                            sizeof(path))) {
-        log_warn("PINSHIM_STATS=\"%s\" expands to a path that is too long; writing the summary "
+        log_warn("PINSHIM_STATS=\"%.200s\" expands to a path that is too long; writing the summary "
                  "to stderr instead",
                  runtime_config.stats_path);
         write_summary(&report);
         return;
     }
     if (!stats_write_file(path, &report, why, sizeof(why))) {
-        log_warn("cannot write stats to %s (%s); writing the summary to stderr instead", path, why);
+        log_warn("cannot write stats to %.300s (%s); writing the summary to stderr instead", path,
+                 why);
         write_summary(&report);
     }
 }

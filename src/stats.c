@@ -143,6 +143,7 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_key_u64(&out, "skipped_small", c->register_skipped_small, false);
     out_key_u64(&out, "skipped_no_runtime", report->skipped_disabled, false);
     out_key_u64(&out, "skipped_address", report->skipped_address, false);
+    out_key_u64(&out, "skipped_race_pages", report->skipped_race_pages, false);
     out_key_u64(&out, "bytes", c->register_bytes, false);
     out_format(&out, "\"seconds\": %.6f", seconds(c->register_nanoseconds));
 

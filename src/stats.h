@@ -26,6 +26,7 @@ struct stats_report {
     struct pinshim_counters counters;
     uint64_t skipped_disabled;
     uint64_t skipped_address;
+    uint64_t skipped_race_pages;
     uint64_t exit_unloading;
     uint64_t live_ranges_at_exit;
     uint64_t live_bytes_at_exit;

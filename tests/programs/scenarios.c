@@ -278,6 +278,35 @@ static void scenario_mremap(void)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuse-after-free"
 #endif
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+
+/* MREMAP_DONTUNMAP of part of a locked mapping: Linux clears the lock of the
+ * whole old mapping, so only the moved pages stay registered (found by the
+ * model-based test). */
+static void scenario_mremap_dontunmap(void)
+{
+    size_t size = 145 * page, moved = 33 * page;
+    char *p =
+        mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_LOCKED, -1, 0);
+    if (p == MAP_FAILED) {
+        FAIL("mmap: %s", strerror(errno));
+        return;
+    }
+    EXPECT("locked mapping", U(p), U(p) + size);
+    char *q = mremap(p, moved, moved, MREMAP_MAYMOVE | MREMAP_DONTUNMAP);
+    if (q == MAP_FAILED) {
+        printf("SKIP mremap(MREMAP_DONTUNMAP): %s\n", strerror(errno));
+        munmap(p, size);
+        return;
+    }
+    EXPECT("only the moved pages", U(q), U(q) + moved);
+    check_zero(munmap(q, moved), "munmap moved");
+    check_zero(munmap(p, size), "munmap old");
+    EXPECT_NONE("unmapped");
+}
+
 static void scenario_realloc(void)
 {
     char *p = aligned_buffer(MIB);
@@ -489,6 +518,7 @@ static const struct {
     {"mmap_locked", scenario_mmap_locked},
     {"mmap_fixed", scenario_mmap_fixed},
     {"mremap", scenario_mremap},
+    {"mremap_dontunmap", scenario_mremap_dontunmap},
     {"realloc", scenario_realloc},
     {"munlockall", scenario_munlockall},
     {"mlock2_and_mlockall", scenario_mlock2_and_mlockall},

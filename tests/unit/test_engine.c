@@ -166,7 +166,7 @@ static void expect_ranges(const uintptr_t *expected, size_t pairs)
 
 Test(engine, lock_registers_whole_pages)
 {
-    engine_after_lock(&engine, A(100), 128 * 1024);
+    engine_after_lock(&engine, A(100), 128 * 1024, engine_unlock_sequence(&engine));
     uintptr_t expected[] = {A(0), A(0) + 33 * PAGE};
     expect_ranges(expected, 1);
     struct pinshim_counters counters;
@@ -180,7 +180,7 @@ Test(engine, lock_registers_whole_pages)
 
 Test(engine, lock_below_min_bytes_is_skipped_and_counted)
 {
-    engine_after_lock(&engine, A(0), 64 * 1024 - 1);
+    engine_after_lock(&engine, A(0), 64 * 1024 - 1, engine_unlock_sequence(&engine));
     expect_ranges(NULL, 0);
     struct pinshim_counters counters;
     engine_get_counters(&engine, &counters);
@@ -190,9 +190,9 @@ Test(engine, lock_below_min_bytes_is_skipped_and_counted)
 
 Test(engine, relocking_registers_nothing_new)
 {
-    engine_after_lock(&engine, A(0), 32 * PAGE);
-    engine_after_lock(&engine, A(0), 32 * PAGE);
-    engine_after_lock(&engine, A(PAGE), 20 * PAGE);
+    engine_after_lock(&engine, A(0), 32 * PAGE, engine_unlock_sequence(&engine));
+    engine_after_lock(&engine, A(0), 32 * PAGE, engine_unlock_sequence(&engine));
+    engine_after_lock(&engine, A(PAGE), 20 * PAGE, engine_unlock_sequence(&engine));
     uintptr_t expected[] = {A(0), A(32 * PAGE)};
     expect_ranges(expected, 1);
     cr_assert_eq(mock.register_calls, 1);
@@ -200,9 +200,11 @@ Test(engine, relocking_registers_nothing_new)
 
 Test(engine, overlapping_and_adjacent_locks_never_overlap)
 {
-    engine_after_lock(&engine, A(16 * PAGE), 16 * PAGE);
-    engine_after_lock(&engine, A(0), 64 * PAGE);         /* covers it: two gaps */
-    engine_after_lock(&engine, A(64 * PAGE), 16 * PAGE); /* adjacent after */
+    engine_after_lock(&engine, A(16 * PAGE), 16 * PAGE, engine_unlock_sequence(&engine));
+    engine_after_lock(&engine, A(0), 64 * PAGE,
+                      engine_unlock_sequence(&engine)); /* covers it: two gaps */
+    engine_after_lock(&engine, A(64 * PAGE), 16 * PAGE,
+                      engine_unlock_sequence(&engine)); /* adjacent after */
     uintptr_t expected[] = {A(0),         A(16 * PAGE), A(16 * PAGE), A(32 * PAGE),
                             A(32 * PAGE), A(64 * PAGE), A(64 * PAGE), A(80 * PAGE)};
     expect_ranges(expected, 4);
@@ -210,7 +212,7 @@ Test(engine, overlapping_and_adjacent_locks_never_overlap)
 
 Test(engine, partial_release_reregisters_what_stays_locked)
 {
-    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
     struct engine_ticket ticket = {0};
     engine_release(&engine, A(16 * PAGE), A(32 * PAGE), RELEASE_MUNLOCK, &ticket);
     uintptr_t expected[] = {A(0), A(16 * PAGE), A(32 * PAGE), A(64 * PAGE)};
@@ -229,9 +231,9 @@ Test(engine, partial_release_reregisters_what_stays_locked)
 
 Test(engine, release_spanning_several_ranges)
 {
-    engine_after_lock(&engine, A(0), 16 * PAGE);
-    engine_after_lock(&engine, A(20 * PAGE), 16 * PAGE);
-    engine_after_lock(&engine, A(40 * PAGE), 16 * PAGE);
+    engine_after_lock(&engine, A(0), 16 * PAGE, engine_unlock_sequence(&engine));
+    engine_after_lock(&engine, A(20 * PAGE), 16 * PAGE, engine_unlock_sequence(&engine));
+    engine_after_lock(&engine, A(40 * PAGE), 16 * PAGE, engine_unlock_sequence(&engine));
     engine_release(&engine, A(8 * PAGE), A(44 * PAGE), RELEASE_MUNMAP, NULL);
     uintptr_t expected[] = {A(0), A(8 * PAGE), A(44 * PAGE), A(56 * PAGE)};
     expect_ranges(expected, 2);
@@ -240,7 +242,7 @@ Test(engine, release_spanning_several_ranges)
 Test(engine, release_inside_an_allocation_like_memtester)
 {
     /* Lock at an aligned offset inside a larger block, then free the block. */
-    engine_after_lock(&engine, A(3 * PAGE), 100 * PAGE);
+    engine_after_lock(&engine, A(3 * PAGE), 100 * PAGE, engine_unlock_sequence(&engine));
     engine_release(&engine, A(0), A(110 * PAGE), RELEASE_FREE, NULL);
     expect_ranges(NULL, 0);
     struct pinshim_counters counters;
@@ -252,7 +254,7 @@ Test(engine, release_inside_an_allocation_like_memtester)
 
 Test(engine, restore_after_failed_unlock)
 {
-    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
     struct engine_ticket ticket = {0};
     engine_release(&engine, A(0), A(64 * PAGE), RELEASE_MUNLOCK, &ticket);
     expect_ranges(NULL, 0);
@@ -267,7 +269,7 @@ Test(engine, already_registered_range_is_never_unregistered)
     pthread_mutex_lock(&mock.mutex);
     mock.ranges[mock.count++] = (struct mock_range){A(0), 64 * PAGE, true};
     pthread_mutex_unlock(&mock.mutex);
-    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
     struct pinshim_counters counters;
     engine_get_counters(&engine, &counters);
     cr_assert_eq(counters.register_already_registered, 1);
@@ -280,7 +282,7 @@ Test(engine, already_registered_range_is_never_unregistered)
 Test(engine, failed_registration_leaves_nothing_and_is_retried_later)
 {
     mock.fail_register_every = 1;
-    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
     expect_ranges(NULL, 0);
     struct pinshim_counters counters;
     engine_get_counters(&engine, &counters);
@@ -290,14 +292,14 @@ Test(engine, failed_registration_leaves_nothing_and_is_retried_later)
     cr_assert_eq(errors[0].code, 2);
     cr_assert_eq(errors[0].count, 1);
     mock.fail_register_every = 0;
-    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
     uintptr_t expected[] = {A(0), A(64 * PAGE)};
     expect_ranges(expected, 1);
 }
 
 Test(engine, failed_unregistration_is_counted_and_forgotten)
 {
-    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
     mock.fail_unregister_every = 1;
     engine_release(&engine, A(0), A(64 * PAGE), RELEASE_MUNMAP, NULL);
     struct pinshim_counters counters;
@@ -311,7 +313,7 @@ Test(engine, failed_unregistration_is_counted_and_forgotten)
 Test(engine, no_runtime_means_no_registration)
 {
     mock.ready = false;
-    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
     cr_assert_eq(mock.register_calls, 0);
     cr_assert_eq(engine.skipped_disabled, 1);
     cr_assert_not(engine_has_registrations(&engine));
@@ -319,8 +321,8 @@ Test(engine, no_runtime_means_no_registration)
 
 Test(engine, shutdown_unregisters_everything_and_records_live)
 {
-    engine_after_lock(&engine, A(0), 64 * PAGE);
-    engine_after_lock(&engine, A(100 * PAGE), 32 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
+    engine_after_lock(&engine, A(100 * PAGE), 32 * PAGE, engine_unlock_sequence(&engine));
     engine_shutdown(&engine);
     expect_ranges(NULL, 0);
     cr_assert_eq(engine.live_ranges_at_exit, 2);
@@ -328,13 +330,14 @@ Test(engine, shutdown_unregisters_everything_and_records_live)
     struct pinshim_counters counters;
     engine_get_counters(&engine, &counters);
     cr_assert_eq(counters.unregister_exit, 2);
-    engine_after_lock(&engine, A(0), 64 * PAGE); /* after exit: nothing */
+    engine_after_lock(&engine, A(0), 64 * PAGE,
+                      engine_unlock_sequence(&engine)); /* after exit: nothing */
     cr_assert_not(engine_has_registrations(&engine));
 }
 
 Test(engine, fork_reset_forgets_without_unregistering)
 {
-    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
     engine_reset_after_fork(&engine);
     cr_assert_not(engine_has_registrations(&engine));
     cr_assert_eq(mock.unregister_calls, 0);
@@ -357,7 +360,7 @@ static void *worker_main(void *argument)
         uintptr_t first = worker->base + (r % 48) * PAGE;
         uintptr_t pages = 16 + (r >> 8) % 32;
         if ((r >> 16) & 1)
-            engine_after_lock(&engine, first, pages * PAGE);
+            engine_after_lock(&engine, first, pages * PAGE, engine_unlock_sequence(&engine));
         else
             engine_release(&engine, first, first + pages * PAGE, RELEASE_MUNLOCK, NULL);
     }
@@ -380,10 +383,45 @@ Test(engine, concurrent_lock_and_release, .timeout = 120)
     cr_assert_eq(mock.overlap_violations, 0);
 }
 
+/* A lock whose registration comes after an unlock of a shared page was noted:
+ * that page may be unlocked in the kernel by now and stays unregistered. */
+Test(engine, unlock_noted_during_a_lock_keeps_the_shared_page_out)
+{
+    uint64_t before = engine_unlock_sequence(&engine);
+    engine_note_unlock(&engine, A(16 * PAGE), A(32 * PAGE)); /* a neighbour's munlock */
+    engine_after_lock(&engine, A(0), 17 * PAGE, before);
+    uintptr_t expected[] = {A(0), A(16 * PAGE)};
+    expect_ranges(expected, 1);
+    cr_assert_eq(engine.skipped_race, 1);
+    /* A later lock, after the unlock, registers the page again. */
+    engine_after_lock(&engine, A(0), 17 * PAGE, engine_unlock_sequence(&engine));
+    uintptr_t both[] = {A(0), A(16 * PAGE), A(16 * PAGE), A(17 * PAGE)};
+    expect_ranges(both, 2);
+}
+
+Test(engine, unlock_in_the_middle_splits_the_registration)
+{
+    uint64_t before = engine_unlock_sequence(&engine);
+    engine_note_unlock(&engine, A(8 * PAGE), A(9 * PAGE));
+    engine_after_lock(&engine, A(0), 32 * PAGE, before);
+    uintptr_t expected[] = {A(0), A(8 * PAGE), A(9 * PAGE), A(32 * PAGE)};
+    expect_ranges(expected, 2);
+}
+
+Test(engine, too_many_unlocks_meanwhile_register_nothing)
+{
+    uint64_t before = engine_unlock_sequence(&engine);
+    for (int i = 0; i <= ENGINE_RECENT_UNLOCKS; i++)
+        engine_note_unlock(&engine, A(1000 * PAGE), A(1001 * PAGE));
+    engine_after_lock(&engine, A(0), 32 * PAGE, before);
+    expect_ranges(NULL, 0);
+    cr_assert_eq(engine.skipped_race, 32);
+}
+
 static void *slow_locker(void *argument)
 {
     (void)argument;
-    engine_after_lock(&engine, A(0), 64 * PAGE);
+    engine_after_lock(&engine, A(0), 64 * PAGE, engine_unlock_sequence(&engine));
     return NULL;
 }
 
