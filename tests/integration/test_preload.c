@@ -130,6 +130,7 @@ static const char *const scenario_names[] = {"basic",
                                              "mmap_locked",
                                              "mmap_fixed",
                                              "mremap",
+                                             "mremap_dontunmap",
                                              "realloc",
                                              "munlockall",
                                              "mlock2_and_mlockall",
@@ -245,7 +246,7 @@ Test(preload, runtime_exporting_only_the_two_required_calls)
 /* Each broken-CUDA case: the program runs as without the shim, one warning. */
 static void expect_mlock_only(const char *const *settings, const char *warning_part)
 {
-    const char *scenarios[] = {"basic", "threads", "mremap", "fork"};
+    const char *scenarios[] = {"basic", "threads", "mremap", "mremap_dontunmap", "fork"};
     for (size_t i = 0; i < 4; i++) {
         struct run run;
         run_scenario(&run, scenarios[i], settings);
