@@ -92,13 +92,18 @@ static bool wait_for_pending_locked(struct engine *engine, uintptr_t start, uint
     return false;
 }
 
-void engine_note_unlock(struct engine *engine, uintptr_t start, uintptr_t end)
+static void note_unlock_locked(struct engine *engine, uintptr_t start, uintptr_t end)
 {
-    pthread_mutex_lock(&engine->mutex);
     uint64_t sequence = engine->unlock_sequence + 1;
     engine->recent_unlocks[sequence % ENGINE_RECENT_UNLOCKS] =
         (struct engine_unlock_note){start, end, sequence};
     __atomic_store_n(&engine->unlock_sequence, sequence, __ATOMIC_RELEASE);
+}
+
+void engine_note_unlock(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    pthread_mutex_lock(&engine->mutex);
+    note_unlock_locked(engine, start, end);
     pthread_mutex_unlock(&engine->mutex);
 }
 
@@ -290,10 +295,15 @@ static void ticket_add(struct engine *engine, struct engine_ticket *ticket, uint
 void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
                     enum release_reason reason, struct engine_ticket *ticket)
 {
-    if (!engine_may_overlap(engine, start, end))
+    if (!engine_may_overlap(engine, start, end)) {
+        if (reason == RELEASE_MUNLOCK)
+            engine_note_unlock(engine, start, end);
         return;
+    }
     struct range_registry *registry = &engine->registry;
     pthread_mutex_lock(&engine->mutex);
+    if (reason == RELEASE_MUNLOCK)
+        note_unlock_locked(engine, start, end); /* in the same critical section: cheaper */
     for (;;) {
         if (wait_for_pending_locked(engine, start, end))
             continue;

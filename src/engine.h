@@ -138,8 +138,9 @@ void engine_after_lock(struct engine *engine, uintptr_t addr, size_t length,
 /* Registers every unregistered page of [start, end) regardless of min_bytes. */
 void engine_register_pages(struct engine *engine, uintptr_t start, uintptr_t end);
 /* Before [start, end) is unlocked or released: unregisters every registration
- * overlapping it and re-registers their parts outside it. With a ticket, the
- * removed pieces are recorded for engine_restore. */
+ * overlapping it and re-registers their parts outside it. RELEASE_MUNLOCK also
+ * notes the unlock (engine_note_unlock). With a ticket,
+ * the removed pieces are recorded for engine_restore. */
 void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
                     enum release_reason reason, struct engine_ticket *ticket);
 /* Re-registers the ticket's pieces clipped to [clip_start, clip_end), then drops it. */

@@ -358,9 +358,10 @@ PINSHIM_EXPORT int munlock(const void *addr, size_t len)
     uintptr_t start = page_floor((uintptr_t)addr);
     uintptr_t end = range_end((uintptr_t)addr, len);
     runtime_ensure_initialized();
-    engine_note_unlock(&runtime_engine, start, end);
-    if (!engine_may_overlap(&runtime_engine, start, end))
+    if (!engine_may_overlap(&runtime_engine, start, end)) {
+        engine_note_unlock(&runtime_engine, start, end);
         return real.munlock(addr, len);
+    }
     struct engine_ticket ticket = {0};
     release_before(start, end, RELEASE_MUNLOCK, &ticket);
     int result = real.munlock(addr, len);
@@ -390,9 +391,10 @@ PINSHIM_EXPORT int munlockall(void)
         return real.munlockall();
     engine_count(&runtime_engine.unlock_calls);
     runtime_ensure_initialized();
-    engine_note_unlock(&runtime_engine, 0, PAGE_INDEX_LIMIT);
-    if (!engine_has_registrations(&runtime_engine))
+    if (!engine_has_registrations(&runtime_engine)) {
+        engine_note_unlock(&runtime_engine, 0, PAGE_INDEX_LIMIT);
         return real.munlockall();
+    }
     struct engine_ticket ticket = {0};
     release_before(0, PAGE_INDEX_LIMIT, RELEASE_MUNLOCK, &ticket);
     int result = real.munlockall();
