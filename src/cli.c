@@ -201,6 +201,7 @@ static int run_report(int argc, char **argv)
         arguments[i + 1] = argv[i];
     execvp("python3", arguments);
     fprintf(stderr, "pinshim: cannot run python3 for the report: %s\n", strerror(errno));
+    free(arguments);
     return 127;
 }
 
@@ -283,16 +284,14 @@ int main(int argc, char **argv)
                 library);
         return 127;
     }
+    /* LD_PRELOAD with the shim in front of what the caller had. */
     const char *old_preload = getenv("LD_PRELOAD");
-    char *preload;
-    size_t preload_size = strlen(library) + (old_preload ? strlen(old_preload) : 0) + 2;
-    preload = malloc(preload_size);
-    if (preload == NULL)
-        return 127;
-    if (old_preload != NULL && old_preload[0] != '\0')
-        snprintf(preload, preload_size, "%s:%s", library, old_preload);
-    else
-        snprintf(preload, preload_size, "%s", library);
+    bool keep_old = old_preload != NULL && old_preload[0] != '\0';
+    char preload[2 * PATH_MAX];
+    int preload_length = snprintf(preload, sizeof(preload), "%s%s%s", library, keep_old ? ":" : "",
+                                  keep_old ? old_preload : "");
+    if (preload_length < 0 || (size_t)preload_length >= sizeof(preload))
+        return usage_error("LD_PRELOAD is too long%s%s", "", "");
 
     if (print_env) {
         printf("LD_PRELOAD=%s\n", preload);

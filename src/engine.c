@@ -100,6 +100,33 @@ static void note_unlock_locked(struct engine *engine, uintptr_t start, uintptr_t
     __atomic_store_n(&engine->unlock_sequence, sequence, __ATOMIC_RELEASE);
 }
 
+int engine_begin_unlock(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    pthread_mutex_lock(&engine->mutex);
+    int token = -1;
+    for (int i = 0; i < ENGINE_UNLOCKS_IN_FLIGHT && token < 0; i++) {
+        if (engine->unlocks_in_flight[i].sequence == 0) {
+            engine->unlocks_in_flight[i] = (struct engine_unlock_note){start, end, 1};
+            token = i;
+        }
+    }
+    if (token < 0)
+        engine->unlocks_in_flight_overflow++;
+    pthread_mutex_unlock(&engine->mutex);
+    return token;
+}
+
+void engine_end_unlock(struct engine *engine, int token, uintptr_t start, uintptr_t end)
+{
+    pthread_mutex_lock(&engine->mutex);
+    if (token >= 0)
+        engine->unlocks_in_flight[token].sequence = 0;
+    else
+        engine->unlocks_in_flight_overflow--;
+    note_unlock_locked(engine, start, end);
+    pthread_mutex_unlock(&engine->mutex);
+}
+
 void engine_note_unlock(struct engine *engine, uintptr_t start, uintptr_t end)
 {
     pthread_mutex_lock(&engine->mutex);
@@ -107,32 +134,44 @@ void engine_note_unlock(struct engine *engine, uintptr_t start, uintptr_t end)
     pthread_mutex_unlock(&engine->mutex);
 }
 
-/* The first part of [start, end) that an unlock noted after since touches, as
- * [*conflict_start, *conflict_end); false if none. When more unlocks came than
- * the notes hold, all of [start, end) counts as touched. */
+/* Widens the conflict found so far to the lowest part of [start, end) that
+ * note touches. */
+static bool note_conflict(const struct engine_unlock_note *note, uintptr_t start, uintptr_t end,
+                          bool found, uintptr_t *conflict_start, uintptr_t *conflict_end)
+{
+    uintptr_t from = note->start > start ? note->start : start;
+    uintptr_t to = note->end < end ? note->end : end;
+    if (from < to && (!found || from < *conflict_start)) {
+        *conflict_start = from;
+        *conflict_end = to;
+        return true;
+    }
+    return found;
+}
+
+/* The lowest part of [start, end) that a running unlock, or one that ended
+ * after since, touches, as [*conflict_start, *conflict_end); false if none.
+ * When more unlocks ended or ran than the notes hold, all of it is touched. */
 static bool find_unlock_conflict_locked(const struct engine *engine, uint64_t since,
                                         uintptr_t start, uintptr_t end, uintptr_t *conflict_start,
                                         uintptr_t *conflict_end)
 {
-    if (since == ENGINE_NO_UNLOCK_CHECK || engine->unlock_sequence <= since)
+    if (since == ENGINE_NO_UNLOCK_CHECK)
         return false;
-    if (engine->unlock_sequence - since > ENGINE_RECENT_UNLOCKS) {
+    if (engine->unlocks_in_flight_overflow > 0 ||
+        engine->unlock_sequence - since > ENGINE_RECENT_UNLOCKS) {
         *conflict_start = start;
         *conflict_end = end;
         return true;
     }
     bool found = false;
-    for (uint64_t sequence = since + 1; sequence <= engine->unlock_sequence; sequence++) {
-        const struct engine_unlock_note *note =
-            &engine->recent_unlocks[sequence % ENGINE_RECENT_UNLOCKS];
-        uintptr_t from = note->start > start ? note->start : start;
-        uintptr_t to = note->end < end ? note->end : end;
-        if (from < to && (!found || from < *conflict_start)) {
-            *conflict_start = from;
-            *conflict_end = to;
-            found = true;
-        }
-    }
+    for (int i = 0; i < ENGINE_UNLOCKS_IN_FLIGHT; i++)
+        if (engine->unlocks_in_flight[i].sequence != 0)
+            found = note_conflict(&engine->unlocks_in_flight[i], start, end, found, conflict_start,
+                                  conflict_end);
+    for (uint64_t sequence = since + 1; sequence <= engine->unlock_sequence; sequence++)
+        found = note_conflict(&engine->recent_unlocks[sequence % ENGINE_RECENT_UNLOCKS], start, end,
+                              found, conflict_start, conflict_end);
     return found;
 }
 
@@ -295,15 +334,10 @@ static void ticket_add(struct engine *engine, struct engine_ticket *ticket, uint
 void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
                     enum release_reason reason, struct engine_ticket *ticket)
 {
-    if (!engine_may_overlap(engine, start, end)) {
-        if (reason == RELEASE_MUNLOCK)
-            engine_note_unlock(engine, start, end);
+    if (!engine_may_overlap(engine, start, end))
         return;
-    }
     struct range_registry *registry = &engine->registry;
     pthread_mutex_lock(&engine->mutex);
-    if (reason == RELEASE_MUNLOCK)
-        note_unlock_locked(engine, start, end); /* in the same critical section: cheaper */
     for (;;) {
         if (wait_for_pending_locked(engine, start, end))
             continue;

@@ -58,8 +58,9 @@ struct engine_ticket {
 };
 
 #define ENGINE_ERROR_SLOTS 32
-/* Recent munlock ranges, to tell a lock racing an unlock of a shared page. */
+/* Recent and running munlock ranges, to tell a lock racing an unlock of a shared page. */
 #define ENGINE_RECENT_UNLOCKS 64
+#define ENGINE_UNLOCKS_IN_FLIGHT 32
 /* engine_register_pages callers that need no race check pass this. */
 #define ENGINE_NO_UNLOCK_CHECK UINT64_MAX
 
@@ -93,6 +94,8 @@ struct engine {
     uint64_t skipped_race;    /* pages left unregistered: an unlock raced the lock */
     uint64_t unlock_sequence; /* munlock calls noted; read without the lock */
     struct engine_unlock_note recent_unlocks[ENGINE_RECENT_UNLOCKS];
+    struct engine_unlock_note unlocks_in_flight[ENGINE_UNLOCKS_IN_FLIGHT]; /* sequence 0: free */
+    unsigned unlocks_in_flight_overflow; /* running unlocks with no slot: all pages conflict */
     struct engine_error_count errors[ENGINE_ERROR_SLOTS];
     uint32_t warned_register[ENGINE_ERROR_SLOTS], warned_unregister[ENGINE_ERROR_SLOTS];
     struct node_pool piece_pool;
@@ -118,16 +121,21 @@ static inline bool engine_has_registrations(const struct engine *engine)
     return __atomic_load_n(&engine->record_count, __ATOMIC_RELAXED) != 0;
 }
 
-/* Lock and unlock race on a page two buffers share: the kernel may have
- * unlocked it after the lock returned and before the engine registers it. The
- * lock path reads the unlock sequence before the real lock; every munlock is
- * noted before the real munlock; pages that an unlock noted since then touches
- * are left unregistered (safe: a page DMA-copied at pageable speed, never a
- * registration of unlocked memory). */
+/* Lock and unlock race on a page two buffers share: the kernel may unlock it
+ * after the lock returned and before the engine registers it. The lock path
+ * reads the unlock sequence before the real lock. Every munlock is marked as
+ * running (engine_begin_unlock) before its release and real call, and noted
+ * with a new sequence number when it ends (engine_end_unlock). Pages that a
+ * running unlock, or one that ended after the lock read the sequence, touches
+ * are left unregistered: at worst a page DMA-copied at pageable speed, never a
+ * registration of unlocked memory. */
 static inline uint64_t engine_unlock_sequence(const struct engine *engine)
 {
     return __atomic_load_n(&engine->unlock_sequence, __ATOMIC_ACQUIRE);
 }
+int engine_begin_unlock(struct engine *engine, uintptr_t start, uintptr_t end);
+void engine_end_unlock(struct engine *engine, int token, uintptr_t start, uintptr_t end);
+/* An unlock that is already over: begin and end at once. */
 void engine_note_unlock(struct engine *engine, uintptr_t start, uintptr_t end);
 
 /* After a successful lock of [addr, addr + length) (byte range as the caller gave
@@ -138,8 +146,7 @@ void engine_after_lock(struct engine *engine, uintptr_t addr, size_t length,
 /* Registers every unregistered page of [start, end) regardless of min_bytes. */
 void engine_register_pages(struct engine *engine, uintptr_t start, uintptr_t end);
 /* Before [start, end) is unlocked or released: unregisters every registration
- * overlapping it and re-registers their parts outside it. RELEASE_MUNLOCK also
- * notes the unlock (engine_note_unlock). With a ticket,
+ * overlapping it and re-registers their parts outside it. With a ticket,
  * the removed pieces are recorded for engine_restore. */
 void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
                     enum release_reason reason, struct engine_ticket *ticket);

@@ -358,16 +358,21 @@ PINSHIM_EXPORT int munlock(const void *addr, size_t len)
     uintptr_t start = page_floor((uintptr_t)addr);
     uintptr_t end = range_end((uintptr_t)addr, len);
     runtime_ensure_initialized();
+    int unlock_token = engine_begin_unlock(&runtime_engine, start, end);
+    int result;
     if (!engine_may_overlap(&runtime_engine, start, end)) {
-        engine_note_unlock(&runtime_engine, start, end);
-        return real.munlock(addr, len);
+        result = real.munlock(addr, len);
+    } else {
+        struct engine_ticket ticket = {0};
+        release_before(start, end, RELEASE_MUNLOCK, &ticket);
+        result = real.munlock(addr, len);
+        /* ENOMEM: Linux unlocked up to the first hole; the rest is still locked. */
+        settle_after(&ticket, result != 0,
+                     result != 0 && errno == ENOMEM ? first_unmapped_page(start, end) : start);
     }
-    struct engine_ticket ticket = {0};
-    release_before(start, end, RELEASE_MUNLOCK, &ticket);
-    int result = real.munlock(addr, len);
-    /* ENOMEM: Linux unlocked up to the first hole; the rest is still locked. */
-    settle_after(&ticket, result != 0,
-                 result != 0 && errno == ENOMEM ? first_unmapped_page(start, end) : start);
+    int saved_errno = errno;
+    engine_end_unlock(&runtime_engine, unlock_token, start, end);
+    errno = saved_errno;
     return result;
 }
 
@@ -391,14 +396,14 @@ PINSHIM_EXPORT int munlockall(void)
         return real.munlockall();
     engine_count(&runtime_engine.unlock_calls);
     runtime_ensure_initialized();
-    if (!engine_has_registrations(&runtime_engine)) {
-        engine_note_unlock(&runtime_engine, 0, PAGE_INDEX_LIMIT);
-        return real.munlockall();
-    }
+    int unlock_token = engine_begin_unlock(&runtime_engine, 0, PAGE_INDEX_LIMIT);
     struct engine_ticket ticket = {0};
     release_before(0, PAGE_INDEX_LIMIT, RELEASE_MUNLOCK, &ticket);
     int result = real.munlockall();
     settle_after(&ticket, result != 0, 0);
+    int saved_errno = errno;
+    engine_end_unlock(&runtime_engine, unlock_token, 0, PAGE_INDEX_LIMIT);
+    errno = saved_errno;
     return result;
 }
 

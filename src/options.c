@@ -220,7 +220,7 @@ void config_set_defaults(struct pinshim_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->register_enabled = true;
-    cfg->min_bytes = 64 * 1024;
+    cfg->min_bytes = (uint64_t)64 * 1024;
     cfg->register_flags = 0;
     cfg->stats_mode = STATS_NONE;
     cfg->log_level = LOG_WARN;

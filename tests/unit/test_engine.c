@@ -399,6 +399,20 @@ Test(engine, unlock_noted_during_a_lock_keeps_the_shared_page_out)
     expect_ranges(both, 2);
 }
 
+/* An unlock still running (between its release and its system call) keeps
+ * the pages it touches out, whatever sequence the lock read. */
+Test(engine, running_unlock_keeps_its_pages_out)
+{
+    int token = engine_begin_unlock(&engine, A(16 * PAGE), A(32 * PAGE));
+    engine_after_lock(&engine, A(0), 17 * PAGE, engine_unlock_sequence(&engine));
+    uintptr_t expected[] = {A(0), A(16 * PAGE)};
+    expect_ranges(expected, 1);
+    engine_end_unlock(&engine, token, A(16 * PAGE), A(32 * PAGE));
+    engine_after_lock(&engine, A(0), 17 * PAGE, engine_unlock_sequence(&engine));
+    uintptr_t both[] = {A(0), A(16 * PAGE), A(16 * PAGE), A(17 * PAGE)};
+    expect_ranges(both, 2);
+}
+
 Test(engine, unlock_in_the_middle_splits_the_registration)
 {
     uint64_t before = engine_unlock_sequence(&engine);
