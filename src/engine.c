@@ -184,15 +184,18 @@ static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr
     struct range_registry *registry = &engine->registry;
     uintptr_t cursor = start;
     while (cursor < end && !engine->shut_down) {
-        if (wait_for_pending_locked(engine, cursor, end))
-            continue;
-        uintptr_t gap_start, gap_end;
-        if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor, end,
-                                  &gap_start))
-            break;
-        if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start, end,
-                                  &gap_end))
+        uintptr_t gap_start, gap_end = end;
+        bool have_gap =
+            page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor, end, &gap_start);
+        if (have_gap && !page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start,
+                                              end, &gap_end))
             gap_end = end;
+        /* Only the records before the end of this gap can change it; waiting on
+         * every record up to end made each step cost O(records): quadratic. */
+        if (wait_for_pending_locked(engine, cursor, gap_end))
+            continue;
+        if (!have_gap)
+            break;
         uintptr_t conflict_start = 0, conflict_end = 0;
         if (find_unlock_conflict_locked(engine, unlocks_before, gap_start, gap_end, &conflict_start,
                                         &conflict_end)) {
@@ -203,6 +206,7 @@ static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr
             }
             gap_end = conflict_start; /* the rest is looked at next time round */
         }
+        engine->insert_generation++;
         if (!range_registry_insert(registry, gap_start, gap_end, RANGE_REGISTERING)) {
             engine->counters.register_failed++;
             log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",
@@ -338,12 +342,23 @@ void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
         return;
     struct range_registry *registry = &engine->registry;
     pthread_mutex_lock(&engine->mutex);
+    /* Records below cursor are gone: rescanning them (and the cleared pages)
+     * on every step made releasing N records cost O(N^2). A registration made
+     * meanwhile by another thread sends the cursor back to start. */
+    uintptr_t cursor = start;
+    uint64_t generation = engine->insert_generation;
     for (;;) {
-        if (wait_for_pending_locked(engine, start, end))
-            continue;
-        struct range_record *record = range_registry_first_overlap(registry, start, end);
+        struct range_record *record = range_registry_first_overlap(registry, cursor, end);
         if (record == NULL)
             break;
+        if (record->state != RANGE_REGISTERED) {
+            pthread_cond_wait(&engine->changed, &engine->mutex);
+            if (engine->insert_generation != generation) {
+                cursor = start;
+                generation = engine->insert_generation;
+            }
+            continue;
+        }
         struct range_record removed = *record;
         record->state = RANGE_UNREGISTERING;
 
@@ -389,6 +404,12 @@ void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
                 register_gaps_locked(engine, removed.base, start, ENGINE_NO_UNLOCK_CHECK);
             if (removed.end > end)
                 register_gaps_locked(engine, end, removed.end, ENGINE_NO_UNLOCK_CHECK);
+        }
+        if (engine->insert_generation != generation) {
+            cursor = start;
+            generation = engine->insert_generation;
+        } else {
+            cursor = removed.end;
         }
     }
     pthread_mutex_unlock(&engine->mutex);

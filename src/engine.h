@@ -81,7 +81,8 @@ struct engine {
     const struct engine_backend *backend;
     uint64_t min_bytes;
     uintptr_t page_size;
-    size_t record_count; /* read without the lock by the fast paths */
+    size_t record_count;        /* read without the lock by the fast paths */
+    uint64_t insert_generation; /* bumped on every insert, under the mutex */
     bool registry_ok;
     bool shut_down;
     struct pinshim_counters counters; /* guarded by mutex; the fields below are not */
@@ -113,7 +114,7 @@ static inline bool engine_may_overlap(const struct engine *engine, uintptr_t sta
 {
     if (__atomic_load_n(&engine->record_count, __ATOMIC_RELAXED) == 0)
         return false;
-    return page_index_any_used(&engine->registry.index, start, end);
+    return page_index_any_used_inline(&engine->registry.index, start, end);
 }
 
 static inline bool engine_has_registrations(const struct engine *engine)

@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,8 +153,14 @@ static void warn_if_allocator_precedes_shim(void)
      * stays registered. libc's own free is fine: the shim forwards to it. */
     void *first_free = dlsym(RTLD_DEFAULT, "free");
     Dl_info winner, self;
-    if (first_free == NULL || !dladdr(first_free, &winner) ||
+    const ElfW(Sym) *symbol = NULL;
+    if (first_free == NULL || !dladdr1(first_free, &winner, (void **)&symbol, RTLD_DL_SYMENT) ||
         !dladdr((void *)warn_if_allocator_precedes_shim, &self))
+        return;
+    /* A non-PIE program that takes free's address has a canonical PLT entry
+     * for it, an undefined symbol that dlsym returns; its calls still reach
+     * the shim. */
+    if (symbol != NULL && symbol->st_shndx == SHN_UNDEF)
         return;
     if (winner.dli_fbase == self.dli_fbase || winner.dli_fname == NULL)
         return;

@@ -27,6 +27,8 @@ static struct {
     bool ready;
     unsigned overlap_violations;
     useconds_t register_delay;
+    bool count_only; /* many-range tests: keep a count, not the ranges */
+    long live_count;
 } mock = {.mutex = PTHREAD_MUTEX_INITIALIZER};
 
 static bool mock_ready(void *context)
@@ -43,6 +45,11 @@ static int mock_register(void *context, void *base, size_t length)
     pthread_mutex_lock(&mock.mutex);
     int result = 0;
     mock.register_calls++;
+    if (mock.count_only) {
+        mock.live_count++;
+        pthread_mutex_unlock(&mock.mutex);
+        return 0;
+    }
     uintptr_t start = (uintptr_t)base, end = start + length;
     if (mock.fail_register_every && mock.register_calls % mock.fail_register_every == 0) {
         result = mock.fail_error;
@@ -70,6 +77,11 @@ static int mock_unregister(void *context, void *base)
     pthread_mutex_lock(&mock.mutex);
     int result = ENGINE_CUDA_NOT_REGISTERED;
     mock.unregister_calls++;
+    if (mock.count_only) {
+        mock.live_count--;
+        pthread_mutex_unlock(&mock.mutex);
+        return 0;
+    }
     if (mock.fail_unregister_every && mock.unregister_calls % mock.fail_unregister_every == 0) {
         result = mock.fail_error;
         goto out;
@@ -118,6 +130,8 @@ static void setup(void)
     mock.ready = true;
     mock.overlap_violations = 0;
     mock.register_delay = 0;
+    mock.count_only = false;
+    mock.live_count = 0;
     pthread_mutex_unlock(&mock.mutex);
     cr_assert(engine_init(&engine, &mock_backend, 64 * 1024, PAGE));
     arena = (char *)(uintptr_t)0x7e0000000000;
@@ -430,6 +444,31 @@ Test(engine, too_many_unlocks_meanwhile_register_nothing)
     engine_after_lock(&engine, A(0), 32 * PAGE, before);
     expect_ranges(NULL, 0);
     cr_assert_eq(engine.skipped_race, 32);
+}
+
+/* Many registrations released at once (exit, munlockall, munmap of a region)
+ * and a lock over many gaps: each step continues where the last one stopped,
+ * so this runs in linear time (it took minutes when each step rescanned). */
+Test(engine, many_ranges_release_and_fill, .timeout = 120)
+{
+    enum { COUNT = 100000 };
+    mock.count_only = true;
+    for (uintptr_t i = 0; i < COUNT; i++)
+        engine_after_lock(&engine, A(2 * i * 16 * PAGE), 16 * PAGE,
+                          engine_unlock_sequence(&engine));
+    /* Every other 16-page block is registered; now lock the whole span. */
+    engine_after_lock(&engine, A(0), 2 * COUNT * 16 * PAGE, engine_unlock_sequence(&engine));
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.live_ranges, 2 * COUNT);
+    cr_assert_eq(counters.live_bytes, 2 * COUNT * 16 * PAGE);
+    cr_assert_eq(mock.live_count, 2 * COUNT);
+    engine_shutdown(&engine);
+    cr_assert_eq(mock.live_count, 0);
+    cr_assert_eq(engine.live_ranges_at_exit, 2 * COUNT);
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.unregister_exit, 2 * COUNT);
+    cr_assert_not(engine_has_registrations(&engine));
 }
 
 static void *slow_locker(void *argument)
