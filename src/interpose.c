@@ -486,6 +486,59 @@ static void register_moved_pieces(struct engine_ticket *ticket, uintptr_t old_st
     }
 }
 
+static void register_locked_part(void *context, uintptr_t start, uintptr_t end)
+{
+    (void)context;
+    engine_register_pages(&runtime_engine, start, end);
+}
+
+/* Registers the parts of [start, end) that the kernel holds locked. */
+static void register_where_locked(uintptr_t start, uintptr_t end)
+{
+    if (start < end)
+        memory_map_locked_parts(start, end, register_locked_part, NULL);
+}
+
+/* MREMAP_DONTUNMAP changes locks beyond the moved range: Linux clears the lock
+ * of every mapping the old range touches and of a mapping the moved range
+ * merges into, and MREMAP_FIXED first cuts the target out of its mapping. The
+ * call is rare, so the shim releases the registrations of the whole mappings
+ * around the old range, lets the call run, and registers again -- at the old
+ * place, and moved to the new one -- only what /proc/self/smaps says is still
+ * locked (each case found by the model-based test). */
+static void *mremap_dontunmap(void *old_address, size_t old_size, size_t new_size, int flags,
+                              void *new_address)
+{
+    uintptr_t old_start = (uintptr_t)old_address;
+    uintptr_t old_end = range_end(old_start, old_size);
+    uintptr_t span_start = old_start, span_end = old_end, low, high;
+    if (memory_map_find(old_start, &low, &high))
+        span_start = low;
+    if (memory_map_find(old_end - 1, &low, &high))
+        span_end = high;
+    struct engine_ticket released = {0}, replaced = {0};
+    release_before(span_start < old_start ? span_start : old_start,
+                   span_end > old_end ? span_end : old_end, RELEASE_MREMAP, &released);
+    if (flags & MREMAP_FIXED)
+        release_before((uintptr_t)new_address, range_end((uintptr_t)new_address, new_size),
+                       RELEASE_MREMAP, &replaced);
+    void *result = real.mremap(old_address, old_size, new_size, flags, new_address);
+    int saved_errno = errno;
+    for (struct engine_ticket_piece *piece = released.head; piece != NULL; piece = piece->next) {
+        register_where_locked(piece->start, piece->end);
+        if (result == MAP_FAILED || piece->end <= old_start || piece->start >= old_end)
+            continue;
+        uintptr_t from = piece->start > old_start ? piece->start : old_start;
+        uintptr_t to = piece->end < old_end ? piece->end : old_end;
+        register_where_locked((uintptr_t)result + (from - old_start),
+                              (uintptr_t)result + (to - old_start));
+    }
+    engine_ticket_discard(&runtime_engine, &released);
+    engine_ticket_discard(&runtime_engine, &replaced);
+    errno = saved_errno;
+    return result;
+}
+
 PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size, int flags, ...)
 {
     ensure_resolved();
@@ -507,17 +560,12 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
     if (!involved)
         return real.mremap(old_address, old_size, new_size, flags, new_address);
 
+    if ((flags & MREMAP_DONTUNMAP) && old_size != 0)
+        return mremap_dontunmap(old_address, old_size, new_size, flags, new_address);
+
     struct engine_ticket moved = {0}, replaced = {0};
-    /* MREMAP_DONTUNMAP clears the lock of the whole mapping that held the old
-     * range, not only of the range (Linux move_vma): release all of it. */
-    uintptr_t release_start = old_start, release_end = old_end;
-    if ((flags & MREMAP_DONTUNMAP) && old_size != 0 &&
-        !memory_map_find(old_start, &release_start, &release_end)) {
-        release_start = old_start;
-        release_end = old_end;
-    }
     if (old_size != 0)
-        release_before(release_start, release_end, RELEASE_MREMAP, &moved);
+        release_before(old_start, old_end, RELEASE_MREMAP, &moved);
     if (flags & MREMAP_FIXED)
         release_before((uintptr_t)new_address, range_end((uintptr_t)new_address, new_size),
                        RELEASE_MREMAP, &replaced);

@@ -26,18 +26,22 @@ static bool parse_hex(const char **cursor, const char *limit, uintptr_t *value)
     return digits > 0;
 }
 
-bool memory_map_find(uintptr_t addr, uintptr_t *start, uintptr_t *end)
+/* Reads path line by line into a stack buffer (lines longer than it are
+ * skipped) and calls visit for each; visit returns false to stop. */
+static bool for_each_line(const char *path,
+                          bool (*visit)(void *state, const char *line, const char *line_end),
+                          void *state)
 {
     int saved_errno = errno;
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         errno = saved_errno;
         return false;
     }
     char buffer[4096];
     size_t held = 0;
-    bool found = false, done = false;
-    while (!found && !done) {
+    bool going = true, done = false;
+    while (going && !done) {
         ssize_t n = read(fd, buffer + held, sizeof(buffer) - held);
         if (n < 0 && errno == EINTR)
             continue;
@@ -45,31 +49,101 @@ bool memory_map_find(uintptr_t addr, uintptr_t *start, uintptr_t *end)
             done = true;
         else
             held += (size_t)n;
-        /* Whole lines only; a partial last line waits for the next read. */
         const char *line = buffer;
         const char *limit = buffer + held;
         for (;;) {
             const char *newline = memchr(line, '\n', (size_t)(limit - line));
-            if (newline == NULL)
+            if (newline == NULL || !going)
                 break;
-            const char *cursor = line;
-            uintptr_t low, high;
-            if (parse_hex(&cursor, newline, &low) && cursor < newline && *cursor == '-' &&
-                (cursor++, parse_hex(&cursor, newline, &high)) && low <= addr && addr < high) {
-                *start = low;
-                *end = high;
-                found = true;
-                break;
-            }
+            going = visit(state, line, newline);
             line = newline + 1;
         }
         size_t consumed = (size_t)(line - buffer);
         memmove(buffer, line, held - consumed);
         held -= consumed;
-        if (held == sizeof(buffer)) /* a line longer than the buffer: skip it */
+        if (held == sizeof(buffer))
             held = 0;
     }
     close(fd);
     errno = saved_errno;
-    return found;
+    return true;
+}
+
+/* A mapping's header line: "start-end perms ...". */
+static bool parse_mapping_line(const char *line, const char *line_end, uintptr_t *low,
+                               uintptr_t *high)
+{
+    const char *cursor = line;
+    if (!parse_hex(&cursor, line_end, low) || cursor >= line_end || *cursor != '-')
+        return false;
+    cursor++;
+    return parse_hex(&cursor, line_end, high) && cursor < line_end && *cursor == ' ';
+}
+
+struct find_state {
+    uintptr_t addr, start, end;
+    bool found;
+};
+
+static bool find_visit(void *opaque, const char *line, const char *line_end)
+{
+    struct find_state *state = opaque;
+    uintptr_t low, high;
+    if (parse_mapping_line(line, line_end, &low, &high) && low <= state->addr &&
+        state->addr < high) {
+        state->start = low;
+        state->end = high;
+        state->found = true;
+        return false;
+    }
+    return true;
+}
+
+bool memory_map_find(uintptr_t addr, uintptr_t *start, uintptr_t *end)
+{
+    struct find_state state = {.addr = addr};
+    if (!for_each_line("/proc/self/maps", find_visit, &state) || !state.found)
+        return false;
+    *start = state.start;
+    *end = state.end;
+    return true;
+}
+
+struct locked_state {
+    uintptr_t start, end;
+    uintptr_t mapping_low, mapping_high;
+    void (*found)(void *context, uintptr_t part_start, uintptr_t part_end);
+    void *context;
+};
+
+static bool locked_visit(void *opaque, const char *line, const char *line_end)
+{
+    struct locked_state *state = opaque;
+    uintptr_t low, high;
+    if (parse_mapping_line(line, line_end, &low, &high)) {
+        state->mapping_low = low;
+        state->mapping_high = high;
+        return low < state->end;
+    }
+    static const char flags_key[] = "VmFlags:";
+    size_t length = (size_t)(line_end - line);
+    if (length < sizeof(flags_key) - 1 || memcmp(line, flags_key, sizeof(flags_key) - 1) != 0)
+        return true;
+    bool locked = false;
+    for (const char *at = line + sizeof(flags_key) - 1; at + 2 <= line_end; at++)
+        if (at[-1] == ' ' && at[0] == 'l' && at[1] == 'o' && (at + 2 == line_end || at[2] == ' '))
+            locked = true;
+    uintptr_t from = state->mapping_low > state->start ? state->mapping_low : state->start;
+    uintptr_t to = state->mapping_high < state->end ? state->mapping_high : state->end;
+    if (locked && from < to)
+        state->found(state->context, from, to);
+    return true;
+}
+
+bool memory_map_locked_parts(uintptr_t start, uintptr_t end,
+                             void (*found)(void *context, uintptr_t part_start, uintptr_t part_end),
+                             void *context)
+{
+    struct locked_state state = {.start = start, .end = end, .found = found, .context = context};
+    return for_each_line("/proc/self/smaps", locked_visit, &state);
 }

@@ -10,4 +10,11 @@
  * the map cannot be read. */
 bool memory_map_find(uintptr_t addr, uintptr_t *start, uintptr_t *end);
 
+/* Calls found(context, part_start, part_end) for each part of [start, end) that
+ * lies in a locked mapping (VmFlags "lo" in /proc/self/smaps). False if the
+ * map cannot be read. */
+bool memory_map_locked_parts(uintptr_t start, uintptr_t end,
+                             void (*found)(void *context, uintptr_t part_start, uintptr_t part_end),
+                             void *context);
+
 #endif
