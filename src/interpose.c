@@ -524,15 +524,27 @@ static void *mremap_dontunmap(void *old_address, size_t old_size, size_t new_siz
                        RELEASE_MREMAP, &replaced);
     void *result = real.mremap(old_address, old_size, new_size, flags, new_address);
     int saved_errno = errno;
+    bool failed = result == MAP_FAILED;
+    /* After success the target holds the moved pages, not what was registered there. */
+    uintptr_t target_start = 0, target_end = 0;
+    if (!failed && (flags & MREMAP_FIXED)) {
+        target_start = (uintptr_t)result;
+        target_end = range_end(target_start, new_size);
+    }
     for (struct engine_ticket_piece *piece = released.head; piece != NULL; piece = piece->next) {
-        register_where_locked(piece->start, piece->end);
-        if (result == MAP_FAILED || piece->end <= old_start || piece->start >= old_end)
+        register_where_locked(piece->start, piece->end < target_start ? piece->end : target_start);
+        register_where_locked(piece->start > target_end ? piece->start : target_end, piece->end);
+        if (failed || piece->end <= old_start || piece->start >= old_end)
             continue;
         uintptr_t from = piece->start > old_start ? piece->start : old_start;
         uintptr_t to = piece->end < old_end ? piece->end : old_end;
         register_where_locked((uintptr_t)result + (from - old_start),
                               (uintptr_t)result + (to - old_start));
     }
+    /* A failed call changed nothing: what was registered at the target stays. */
+    for (struct engine_ticket_piece *piece = replaced.head; failed && piece != NULL;
+         piece = piece->next)
+        register_where_locked(piece->start, piece->end);
     engine_ticket_discard(&runtime_engine, &released);
     engine_ticket_discard(&runtime_engine, &replaced);
     errno = saved_errno;
