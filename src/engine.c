@@ -152,17 +152,20 @@ static bool note_conflict(const struct engine_unlock_note *note, uintptr_t start
 /* The lowest part of [start, end) that a running unlock, or one that ended
  * after since, touches, as [*conflict_start, *conflict_end); false if none.
  * When more unlocks ended or ran than the notes hold, all of it is touched. */
-static bool find_unlock_conflict_locked(const struct engine *engine, uint64_t since,
-                                        uintptr_t start, uintptr_t end, uintptr_t *conflict_start,
-                                        uintptr_t *conflict_end)
+enum unlock_conflict { UNLOCK_CONFLICT_NONE, UNLOCK_CONFLICT_FOUND, UNLOCK_CONFLICT_UNKNOWN };
+
+static enum unlock_conflict find_unlock_conflict_locked(const struct engine *engine, uint64_t since,
+                                                        uintptr_t start, uintptr_t end,
+                                                        uintptr_t *conflict_start,
+                                                        uintptr_t *conflict_end)
 {
     if (since == ENGINE_NO_UNLOCK_CHECK)
-        return false;
+        return UNLOCK_CONFLICT_NONE;
     if (engine->unlocks_in_flight_overflow > 0 ||
         engine->unlock_sequence - since > ENGINE_RECENT_UNLOCKS) {
         *conflict_start = start;
         *conflict_end = end;
-        return true;
+        return UNLOCK_CONFLICT_UNKNOWN;
     }
     bool found = false;
     for (int i = 0; i < ENGINE_UNLOCKS_IN_FLIGHT; i++)
@@ -172,14 +175,30 @@ static bool find_unlock_conflict_locked(const struct engine *engine, uint64_t si
     for (uint64_t sequence = since + 1; sequence <= engine->unlock_sequence; sequence++)
         found = note_conflict(&engine->recent_unlocks[sequence % ENGINE_RECENT_UNLOCKS], start, end,
                               found, conflict_start, conflict_end);
-    return found;
+    return found ? UNLOCK_CONFLICT_FOUND : UNLOCK_CONFLICT_NONE;
+}
+
+static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr_t end,
+                                 uint64_t unlocks_before, bool may_ask_kernel);
+
+struct kernel_recheck {
+    struct engine *engine;
+    uint64_t unlocks_before;
+};
+
+static void register_part_still_locked(void *context, uintptr_t start, uintptr_t end)
+{
+    struct kernel_recheck *recheck = context;
+    pthread_mutex_lock(&recheck->engine->mutex);
+    register_gaps_locked(recheck->engine, start, end, recheck->unlocks_before, false);
+    pthread_mutex_unlock(&recheck->engine->mutex);
 }
 
 /* Registers every page of [start, end) that no registration covers, one gap at a
  * time, leaving out pages an unlock noted after unlocks_before touches. Called
  * and returns with the mutex held; drops it around each backend call. */
 static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr_t end,
-                                 uint64_t unlocks_before)
+                                 uint64_t unlocks_before, bool may_ask_kernel)
 {
     struct range_registry *registry = &engine->registry;
     uintptr_t cursor = start;
@@ -197,8 +216,22 @@ static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr
         if (!have_gap)
             break;
         uintptr_t conflict_start = 0, conflict_end = 0;
-        if (find_unlock_conflict_locked(engine, unlocks_before, gap_start, gap_end, &conflict_start,
-                                        &conflict_end)) {
+        enum unlock_conflict conflict = find_unlock_conflict_locked(
+            engine, unlocks_before, gap_start, gap_end, &conflict_start, &conflict_end);
+        if (conflict == UNLOCK_CONFLICT_UNKNOWN && may_ask_kernel &&
+            engine->backend->locked_parts != NULL) {
+            /* More unlocks came meanwhile than the notes hold: ask the kernel
+             * what is locked now, and register that, checking against the
+             * unlocks that come after this question. */
+            struct kernel_recheck recheck = {engine, engine->unlock_sequence};
+            pthread_mutex_unlock(&engine->mutex);
+            engine->backend->locked_parts(engine->backend->context, gap_start, gap_end,
+                                          register_part_still_locked, &recheck);
+            pthread_mutex_lock(&engine->mutex);
+            cursor = gap_end;
+            continue;
+        }
+        if (conflict != UNLOCK_CONFLICT_NONE) {
             if (conflict_start == gap_start) {
                 engine->skipped_race += (conflict_end - conflict_start) / engine->page_size;
                 cursor = conflict_end;
@@ -268,7 +301,7 @@ static void register_pages(struct engine *engine, uintptr_t start, uintptr_t end
         return;
     }
     pthread_mutex_lock(&engine->mutex);
-    register_gaps_locked(engine, start, end, unlocks_before);
+    register_gaps_locked(engine, start, end, unlocks_before, true);
     pthread_mutex_unlock(&engine->mutex);
 }
 
@@ -401,9 +434,9 @@ void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
          * unless the runtime still holds the old registration. */
         if (error == ENGINE_CUDA_SUCCESS || error == ENGINE_CUDA_NOT_REGISTERED) {
             if (removed.base < start)
-                register_gaps_locked(engine, removed.base, start, ENGINE_NO_UNLOCK_CHECK);
+                register_gaps_locked(engine, removed.base, start, ENGINE_NO_UNLOCK_CHECK, false);
             if (removed.end > end)
-                register_gaps_locked(engine, end, removed.end, ENGINE_NO_UNLOCK_CHECK);
+                register_gaps_locked(engine, end, removed.end, ENGINE_NO_UNLOCK_CHECK, false);
         }
         if (engine->insert_generation != generation) {
             cursor = start;
@@ -441,7 +474,7 @@ void engine_restore(struct engine *engine, struct engine_ticket *ticket, uintptr
         uintptr_t end = piece->end < clip_end ? piece->end : clip_end;
         node_pool_put(&engine->piece_pool, piece);
         if (start < end)
-            register_gaps_locked(engine, start, end, ENGINE_NO_UNLOCK_CHECK);
+            register_gaps_locked(engine, start, end, ENGINE_NO_UNLOCK_CHECK, false);
     }
     pthread_mutex_unlock(&engine->mutex);
 }

@@ -34,6 +34,13 @@ struct engine_backend {
     int (*unregister_range)(void *context, void *base);
     /* Name of an error code, for messages; may return NULL. */
     const char *(*error_name)(void *context, int error);
+    /* Optional: calls found for each part of [start, end) the kernel holds
+     * locked now. Used when too many unlocks raced a lock to tell which pages
+     * they touched. */
+    bool (*locked_parts)(void *context, uintptr_t start, uintptr_t end,
+                         void (*found)(void *found_context, uintptr_t part_start,
+                                       uintptr_t part_end),
+                         void *found_context);
 };
 
 enum release_reason {
@@ -59,7 +66,7 @@ struct engine_ticket {
 
 #define ENGINE_ERROR_SLOTS 32
 /* Recent and running munlock ranges, to tell a lock racing an unlock of a shared page. */
-#define ENGINE_RECENT_UNLOCKS 64
+#define ENGINE_RECENT_UNLOCKS 1024
 #define ENGINE_UNLOCKS_IN_FLIGHT 32
 /* engine_register_pages callers that need no race check pass this. */
 #define ENGINE_NO_UNLOCK_CHECK UINT64_MAX

@@ -2,6 +2,7 @@
 
 #include "cuda_loader.h"
 #include "log.h"
+#include "memory_map.h"
 #include "stats.h"
 
 #include "pinshim.h"
@@ -104,12 +105,22 @@ static const char *backend_error_name(void *context, int error)
     return cuda_error_name(cuda.loaded ? &cuda : NULL, error);
 }
 
+static bool backend_locked_parts(void *context, uintptr_t start, uintptr_t end,
+                                 void (*found)(void *found_context, uintptr_t part_start,
+                                               uintptr_t part_end),
+                                 void *found_context)
+{
+    (void)context;
+    return memory_map_locked_parts(start, end, found, found_context);
+}
+
 static const struct engine_backend cuda_backend = {
     .context = NULL,
     .ready = backend_ready,
     .register_range = backend_register,
     .unregister_range = backend_unregister,
     .error_name = backend_error_name,
+    .locked_parts = backend_locked_parts,
 };
 
 /* ---- lifecycle ---- */

@@ -471,6 +471,33 @@ Test(engine, many_ranges_release_and_fill, .timeout = 120)
     cr_assert_not(engine_has_registrations(&engine));
 }
 
+/* The kernel's answer when too many unlocks raced a lock: pages 4-12 locked. */
+static bool mock_locked_parts(void *context, uintptr_t start, uintptr_t end,
+                              void (*found)(void *, uintptr_t, uintptr_t), void *found_context)
+{
+    (void)context;
+    uintptr_t from = start > A(4 * PAGE) ? start : A(4 * PAGE);
+    uintptr_t to = end < A(12 * PAGE) ? end : A(12 * PAGE);
+    if (from < to)
+        found(found_context, from, to);
+    return true;
+}
+
+Test(engine, too_many_unlocks_meanwhile_ask_the_kernel)
+{
+    static struct engine_backend asking;
+    asking = mock_backend;
+    asking.locked_parts = mock_locked_parts;
+    engine_destroy(&engine);
+    cr_assert(engine_init(&engine, &asking, 64 * 1024, PAGE));
+    uint64_t before = engine_unlock_sequence(&engine);
+    for (int i = 0; i <= ENGINE_RECENT_UNLOCKS; i++)
+        engine_note_unlock(&engine, A(1000 * PAGE), A(1001 * PAGE));
+    engine_after_lock(&engine, A(0), 32 * PAGE, before);
+    uintptr_t expected[] = {A(4 * PAGE), A(12 * PAGE)};
+    expect_ranges(expected, 1);
+}
+
 static void *slow_locker(void *argument)
 {
     (void)argument;

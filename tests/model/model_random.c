@@ -1,0 +1,2888 @@
+/* model_random: model-based random testing of pinshim.
+ *
+ * Runs under LD_PRELOAD=libpinshim.so with PINSHIM_CUDART=<fake runtime>. It
+ * drives seeded random sequences of allocations, locks, unlocks, mappings,
+ * remappings, frees and forks over objects it creates, and keeps a reference
+ * model of those objects at page granularity: for every page, whether the
+ * kernel has it locked (yes, no, unknown) and whether the shim should have it
+ * registered. After every operation it compares the fake runtime's live
+ * registrations with the model page by page.
+ *
+ * The model follows the shim's documented rules:
+ *   - a successful lock (mlock, mlock2, mmap MAP_LOCKED) whose LENGTH is at
+ *     least PINSHIM_MIN_BYTES registers its pages; locks are page granular
+ *     and do not nest; a failed lock registers nothing; mlockall registers
+ *     nothing;
+ *   - munlock, munlockall, munmap, mmap MAP_FIXED and mremap end the
+ *     registration of their pages;
+ *   - free/realloc end the registration of every page overlapping the
+ *     allocation (the pages stay locked in the kernel);
+ *   - mremap carries the registration of the moved pages, and a grown
+ *     mapping's new tail is registered when its old last page was; with
+ *     MREMAP_DONTUNMAP, Linux unlocks every VMA the old range touches, so
+ *     nothing there stays registered;
+ *   - posix_memalign of at least max(PINSHIM_MIN_BYTES, 64K) returns whole
+ *     pages, page aligned;
+ *   - a fork child starts with no registration and, when the parent had
+ *     loaded the runtime, never calls it;
+ *   - with threads, a lock leaves unregistered the pages an unlock running
+ *     meanwhile touches (the shim's race rule; see adopt_race_skipped_pages).
+ *
+ * Heap objects are modelled by their interior pages only (pages wholly inside
+ * the requested bytes), and every lock of a heap object stays inside them, so
+ * the program never locks a page it shares with memory it does not own.
+ *
+ * Usage: model_random [--seed S] [--ops N] [--threads T] [--fork-rate R]
+ *                     [--barrier-every K] [--kernel-check-every N]
+ *                     [--record FILE] [--replay FILE] [--no-shrink]
+ *                     [--shrunk-out FILE] [--shrink-budget SECONDS] [--quiet]
+ *                     [--trace] [--expose-known-bugs] [--inject-model-bug NAME]
+ * --threads T (2..8): T threads on their own objects, checking their own
+ * pages after every op; every --barrier-every ops all wait while one checks
+ * the whole process (and sometimes calls munlockall or forks).
+ * --kernel-check-every N: also compare the model's view of the kernel (mapped,
+ * locked) with /proc/self/smaps every N ops.
+ * --expose-known-bugs: with threads, do not allow for the pages the shim
+ * leaves out of a lock's registration when unlocks race it (see
+ * adopt_race_skipped_pages): any missing registration fails the run. --inject-model-bug NAME
+ * (small-locks-register, munlock-keeps, mremap-tail-unregistered): model a rule wrongly, to see the
+ * checks fail. --trace: print every op with its outcome and the objects.
+ * It turns address-space randomisation off (re-executing itself) so that a
+ * seed or a recorded sequence replays exactly; MODEL_RANDOM_KEEP_ASLR=1 keeps it.
+ * Exit status: 0 agreement, 1 disagreement (model vs runtime or kernel), 2
+ * usage, 3 harness error (an operation behaved in a way the harness does not
+ * handle). On a disagreement in a single-threaded run it prints the seed, the
+ * operation index and the sequence, then shrinks the sequence by re-running
+ * candidates in fresh processes and prints the shortest failing one in the
+ * --replay format. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/personality.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAKE_CUDART_NO_CUDA_PROTOTYPES
+#include "fake_cudart.h"
+#include "pinshim.h"
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+#ifndef MLOCK_ONFAULT
+#define MLOCK_ONFAULT 1U
+#endif
+
+/* Below 2 MiB: Linux places anonymous mappings of whole multiples of 2 MiB at
+ * huge-page boundaries, which with ASLR makes the layout (and so whether a
+ * mremap can grow in place) differ from run to run. */
+#define MAX_OBJECT_PAGES 500
+#define SLOTS_PER_THREAD 64
+#define MAX_THREADS 8
+#define MAX_SLOTS (SLOTS_PER_THREAD * MAX_THREADS)
+#define MAX_RANGES 4096
+#define MAX_LEFTOVERS 256
+#define REPORT_BYTES 32768
+
+enum exit_code { EXIT_AGREE = 0, EXIT_DISAGREE = 1, EXIT_USAGE = 2, EXIT_HARNESS = 3 };
+
+/* ------------------------------------------------------------------------ */
+/* Settings                                                                 */
+
+struct settings {
+    uint64_t seed;
+    size_t ops;
+    int threads;
+    double fork_rate;
+    size_t barrier_every;
+    size_t kernel_check_every; /* 0: only at the end */
+    const char *record_path;
+    const char *replay_path;
+    const char *shrunk_out;
+    bool shrink;
+    double shrink_budget_seconds;
+    bool quiet;
+    const char *model_bug;  /* deliberately wrong rule, to prove the checks can fail */
+    bool expose_known_bugs; /* with threads, no allowance for race-skipped pages */
+    bool trace;             /* print every op with its outcome */
+};
+
+static struct settings settings = {
+    .seed = 1,
+    .ops = 1000,
+    .threads = 1,
+    .fork_rate = 0.0,
+    .barrier_every = 50,
+    .kernel_check_every = 100,
+    .shrink = true,
+    .shrink_budget_seconds = 120,
+};
+
+static uintptr_t page_size;
+static uint64_t min_bytes = 65536;
+static size_t rounding_threshold;
+static char **saved_argv;
+static bool layout_fixed; /* address-space randomisation is off */
+static pthread_mutex_t output_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static bool model_bug(const char *name)
+{
+    return settings.model_bug != NULL && strcmp(settings.model_bug, name) == 0;
+}
+
+static uintptr_t page_floor(uintptr_t address)
+{
+    return address & ~(page_size - 1);
+}
+
+static uintptr_t page_ceil(uintptr_t address)
+{
+    return (address + page_size - 1) & ~(page_size - 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Random numbers (splitmix64: small, seedable, good enough for choices).    */
+
+static uint64_t rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rng_below(uint64_t *state, uint64_t bound)
+{
+    return bound == 0 ? 0 : rng_next(state) % bound;
+}
+
+/* Uniform in [low, high]. */
+static uint64_t rng_between(uint64_t *state, uint64_t low, uint64_t high)
+{
+    return low + rng_below(state, high - low + 1);
+}
+
+static bool rng_chance(uint64_t *state, double probability)
+{
+    return (double)(rng_next(state) >> 11) * 0x1.0p-53 < probability;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The shim's and the fake runtime's query APIs, found with dlsym.          */
+
+struct fake_api {
+    size_t (*snapshot)(struct fake_cudart_range *, size_t);
+    size_t (*violations)(void);
+    size_t (*violations_of)(enum fake_cudart_violation);
+    uint64_t (*calls)(int);
+    int (*peek_last_error)(void);
+};
+static struct fake_api fake;
+static pthread_mutex_t fake_mutex = PTHREAD_MUTEX_INITIALIZER;
+static int (*shim_is_registered)(const void *);
+static size_t (*shim_get_counters)(struct pinshim_counters *, size_t);
+
+/* The shim loads the runtime at the first large lock; find that same copy. */
+static bool load_fake(void)
+{
+    if (__atomic_load_n(&fake.snapshot, __ATOMIC_ACQUIRE) != NULL)
+        return true;
+    const char *path = getenv("PINSHIM_CUDART");
+    void *handle = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (handle == NULL)
+        return false;
+    pthread_mutex_lock(&fake_mutex);
+    fake.violations = (size_t(*)(void))dlsym(handle, "fake_cudart_violation_count");
+    fake.violations_of =
+        (size_t(*)(enum fake_cudart_violation))dlsym(handle, "fake_cudart_violation_count_of");
+    fake.calls = (uint64_t(*)(int))dlsym(handle, "fake_cudart_call_count");
+    fake.peek_last_error = (int (*)(void))dlsym(handle, "cudaPeekAtLastError");
+    size_t (*snapshot)(struct fake_cudart_range *, size_t) =
+        (size_t(*)(struct fake_cudart_range *, size_t))dlsym(handle, "fake_cudart_snapshot");
+    __atomic_store_n(&fake.snapshot, snapshot, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&fake_mutex);
+    dlclose(handle); /* drops the reference NOLOAD took; the shim's stays */
+    return snapshot != NULL && fake.violations != NULL && fake.calls != NULL;
+}
+
+static uint64_t fake_calls(int which)
+{
+    return load_fake() ? fake.calls(which) : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The model.                                                               */
+
+enum object_kind { OBJECT_HEAP, OBJECT_MAP };
+enum kernel_lock { KLOCK_NO = 0, KLOCK_YES = 1, KLOCK_UNKNOWN = 2 };
+
+/* A heap object is one allocation; its model pages are the interior pages of
+ * the requested bytes. A map object is a run of mapped pages this program
+ * owns; munmap and mremap split or move map objects so that every page of one
+ * is always mapped. */
+struct object {
+    bool live;
+    enum object_kind kind;
+    char *pointer;   /* heap: what the allocator returned; map: == start */
+    size_t size;     /* heap: requested bytes */
+    uintptr_t start; /* first model page */
+    size_t pages;
+    uint8_t klock[MAX_OBJECT_PAGES]; /* enum kernel_lock */
+    uint8_t reg[MAX_OBJECT_PAGES];   /* the shim should have it registered */
+};
+
+static struct object objects[MAX_SLOTS];
+
+static uintptr_t object_end(const struct object *object)
+{
+    return object->start + object->pages * page_size;
+}
+
+/* Pages a freed block covered that may still be locked in the kernel; they
+ * are munlocked at quiescent points so RLIMIT_MEMLOCK is not used up. */
+struct leftover {
+    uintptr_t start, end;
+};
+
+enum op_kind {
+    OP_MALLOC,
+    OP_POSIX_MEMALIGN,
+    OP_ALIGNED_ALLOC,
+    OP_MMAP,
+    OP_MLOCK,
+    OP_MLOCK2,
+    OP_MUNLOCK,
+    OP_MUNMAP,
+    OP_MMAP_FIXED,
+    OP_MMAP_NOREPLACE,
+    OP_MREMAP,
+    OP_FREE,
+    OP_REALLOC,
+    OP_MUNLOCKALL,
+    OP_MLOCKALL,
+    OP_FORK,
+    OP_MLOCK_HOLE,
+    OP_MUNLOCK_HOLE,
+    OP_KIND_COUNT
+};
+
+/* mremap variants (op.flags). */
+enum mremap_mode {
+    MREMAP_MODE_IN_PLACE,
+    MREMAP_MODE_MAYMOVE,
+    MREMAP_MODE_FIXED,
+    MREMAP_MODE_DONTUNMAP,
+    MREMAP_MODE_UNALIGNED,
+    MREMAP_MODE_DONTUNMAP_FIXED,
+    MREMAP_MODE_COUNT
+};
+
+/* mmap and mmap_fixed options (op.flags bits). */
+enum { MMAP_FLAG_LOCKED = 1, MMAP_FLAG_MMAP64 = 2 };
+typedef void *(*mmap_function)(void *, size_t, int, int, int, off_t);
+
+/* realloc variants (op.flags). */
+enum realloc_mode {
+    REALLOC_PLAIN,
+    REALLOC_TOO_BIG,
+    REALLOC_ARRAY,
+    REALLOC_ARRAY_OVERFLOW,
+    REALLOC_MODE_COUNT
+};
+
+/* One operation, replayable: objects by slot, addresses relative to the
+ * object's first model page. */
+struct op {
+    enum op_kind kind;
+    int slot;
+    int target; /* mremap MREMAP_FIXED: slot of the object moved over */
+    uint64_t offset;
+    uint64_t length;
+    uint64_t size;
+    uint64_t align;
+    uint64_t flags;
+    uint64_t target_offset;
+    uint64_t seed; /* fork: the child's seed; flags: its operation count */
+};
+
+enum op_field {
+    F_SLOT = 1,
+    F_OFF = 2,
+    F_LEN = 4,
+    F_SIZE = 8,
+    F_ALIGN = 16,
+    F_FLAGS = 32,
+    F_TARGET = 64,
+    F_TOFF = 128,
+    F_SEED = 256,
+};
+
+static const struct {
+    const char *name;
+    unsigned fields;
+} op_info[OP_KIND_COUNT] = {
+    [OP_MALLOC] = {"malloc", F_SLOT | F_SIZE},
+    [OP_POSIX_MEMALIGN] = {"posix_memalign", F_SLOT | F_SIZE | F_ALIGN},
+    [OP_ALIGNED_ALLOC] = {"aligned_alloc", F_SLOT | F_SIZE | F_ALIGN},
+    [OP_MMAP] = {"mmap", F_SLOT | F_LEN | F_FLAGS},
+    [OP_MLOCK] = {"mlock", F_SLOT | F_OFF | F_LEN},
+    [OP_MLOCK2] = {"mlock2", F_SLOT | F_OFF | F_LEN | F_FLAGS},
+    [OP_MUNLOCK] = {"munlock", F_SLOT | F_OFF | F_LEN},
+    [OP_MUNMAP] = {"munmap", F_SLOT | F_OFF | F_LEN},
+    [OP_MMAP_FIXED] = {"mmap_fixed", F_SLOT | F_OFF | F_LEN | F_FLAGS},
+    [OP_MMAP_NOREPLACE] = {"mmap_noreplace", F_SLOT | F_OFF | F_LEN},
+    [OP_MREMAP] = {"mremap", F_SLOT | F_OFF | F_LEN | F_SIZE | F_FLAGS | F_TARGET | F_TOFF},
+    [OP_FREE] = {"free", F_SLOT},
+    [OP_REALLOC] = {"realloc", F_SLOT | F_SIZE | F_FLAGS},
+    [OP_MUNLOCKALL] = {"munlockall", 0},
+    [OP_MLOCKALL] = {"mlockall", 0},
+    [OP_FORK] = {"fork", F_SEED | F_FLAGS},
+    [OP_MLOCK_HOLE] = {"mlock_hole", F_SLOT | F_OFF},
+    [OP_MUNLOCK_HOLE] = {"munlock_hole", F_SLOT | F_OFF},
+};
+
+enum exec_result { EXEC_DONE, EXEC_FAILED, EXEC_SKIPPED, EXEC_HARNESS_ERROR };
+
+/* Interesting situations a run reached, so a test can tell it was not vacuous. */
+enum coverage {
+    COVER_LOCK_REGISTERING,     /* a successful lock of at least PINSHIM_MIN_BYTES */
+    COVER_LOCK_SMALL,           /* a successful lock below it */
+    COVER_MUNLOCK_REGISTERED,   /* munlock over registered pages */
+    COVER_MUNMAP_REGISTERED,    /* munmap over registered pages */
+    COVER_MAP_FIXED_REGISTERED, /* MAP_FIXED over registered pages */
+    COVER_FREE_REGISTERED,      /* free or realloc of a block with registered pages */
+    COVER_MREMAP_MOVED,         /* registered pages moved */
+    COVER_MREMAP_GROWN,         /* a registered tail grown */
+    COVER_MREMAP_SHRUNK,        /* a mapping shrunk in place */
+    COVER_MREMAP_FIXED,         /* moved over another mapping */
+    COVER_MREMAP_DONTUNMAP,
+    COVER_MREMAP_DONTUNMAP_MERGED, /* ... whose new range merged into the old, unlocked VMA */
+    COVER_FORK_INHERITED,          /* a child of a process that had loaded the runtime */
+    COVER_FORK_FRESH,              /* a child that may load it itself */
+    COVER_COUNT
+};
+
+static const char *const coverage_names[COVER_COUNT] = {
+    "lock_registering",     "lock_small",      "munlock_registered", "munmap_registered",
+    "map_fixed_registered", "free_registered", "mremap_moved",       "mremap_grown",
+    "mremap_shrunk",        "mremap_fixed",    "mremap_dontunmap",   "mremap_dontunmap_merged",
+    "fork_inherited",       "fork_fresh",
+};
+
+/* Outcomes per kind of operation. */
+struct op_counts {
+    uint64_t done[OP_KIND_COUNT], failed[OP_KIND_COUNT], skipped[OP_KIND_COUNT];
+    uint64_t covered[COVER_COUNT];
+};
+
+/* Per thread of operations (or the whole process, for single-threaded runs,
+ * barrier duties and fork children). */
+struct context {
+    int index;      /* thread number; -1 for the whole-process context */
+    int slot_first; /* slots this context owns: [slot_first, slot_end) */
+    int slot_end;
+    size_t object_cap; /* no new object while this many are live */
+    bool whole_process;
+    uint64_t rng;
+    struct op *ops; /* the recorded sequence */
+    size_t op_count, op_capacity;
+    struct leftover leftovers[MAX_LEFTOVERS];
+    size_t leftover_count;
+    char report[REPORT_BYTES];
+    size_t report_length;
+    struct op_counts counts;
+    uint64_t checks;
+    uint64_t race_skipped_pages;                         /* see adopt_race_skipped_pages */
+    uint8_t registered_before[2 * MAX_OBJECT_PAGES + 2]; /* scratch for it */
+    /* scratch for checks */
+    struct fake_cudart_range snapshot[MAX_RANGES];
+    struct fake_cudart_range expected[MAX_RANGES];
+    struct fake_cudart_range actual[MAX_RANGES];
+};
+
+static struct context thread_contexts[MAX_THREADS];
+static struct context process_context;
+
+/* Fork children: whether this process may register at all, and what the
+ * runtime held (inherited from the parent) when it could not. */
+static bool in_fork_child;
+static bool child_registration_disabled;
+static struct fake_cudart_range frozen_snapshot[MAX_RANGES];
+static size_t frozen_count;
+static uint64_t frozen_register_calls, frozen_unregister_calls;
+
+static void report(struct context *context, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void report(struct context *context, const char *format, ...)
+{
+    if (context->report_length >= REPORT_BYTES - 1)
+        return;
+    va_list arguments;
+    va_start(arguments, format);
+    int written = vsnprintf(context->report + context->report_length,
+                            REPORT_BYTES - context->report_length, format, arguments);
+    va_end(arguments);
+    if (written > 0)
+        context->report_length += (size_t)written;
+    if (context->report_length >= REPORT_BYTES)
+        context->report_length = REPORT_BYTES - 1;
+}
+
+static bool registration_possible(void)
+{
+    return !child_registration_disabled;
+}
+
+static struct object *slot_object(struct context *context, int slot)
+{
+    if (slot < context->slot_first || slot >= context->slot_end || !objects[slot].live)
+        return NULL;
+    return &objects[slot];
+}
+
+static int free_slot(struct context *context)
+{
+    for (int slot = context->slot_first; slot < context->slot_end; slot++)
+        if (!objects[slot].live)
+            return slot;
+    return -1;
+}
+
+static size_t live_objects(struct context *context)
+{
+    size_t count = 0;
+    for (int slot = context->slot_first; slot < context->slot_end; slot++)
+        count += objects[slot].live;
+    return count;
+}
+
+/* The object of this context holding page address, or NULL. */
+static struct object *object_at(struct context *context, uintptr_t address)
+{
+    for (int slot = context->slot_first; slot < context->slot_end; slot++) {
+        struct object *object = &objects[slot];
+        if (object->live && address >= object->start && address < object_end(object))
+            return object;
+    }
+    return NULL;
+}
+
+/* Whether every page of [start, end) is a model page of this context (of map
+ * objects only, when map_only). */
+static bool range_owned(struct context *context, uintptr_t start, uintptr_t end, bool map_only)
+{
+    for (uintptr_t cursor = start; cursor < end;) {
+        struct object *object = object_at(context, cursor);
+        if (object == NULL || (map_only && object->kind != OBJECT_MAP))
+            return false;
+        cursor = object_end(object);
+    }
+    return true;
+}
+
+enum { KEEP = -1 };
+
+/* Sets the kernel lock state and the registration of the model pages in
+ * [start, end) (KEEP leaves one as it is). */
+static void model_set(struct context *context, uintptr_t start, uintptr_t end, int klock, int reg)
+{
+    for (int slot = context->slot_first; slot < context->slot_end; slot++) {
+        struct object *object = &objects[slot];
+        if (!object->live || object->start >= end || object_end(object) <= start)
+            continue;
+        uintptr_t from = start > object->start ? start : object->start;
+        uintptr_t to = end < object_end(object) ? end : object_end(object);
+        for (size_t page = (from - object->start) / page_size;
+             page < (to - object->start) / page_size; page++) {
+            if (klock != KEEP)
+                object->klock[page] = (uint8_t)klock;
+            if (reg != KEEP)
+                object->reg[page] = (uint8_t)reg;
+        }
+    }
+}
+
+/* Whether a model page of [start, end) should be registered. */
+static bool any_registered(struct context *context, uintptr_t start, uintptr_t end)
+{
+    for (uintptr_t page = page_floor(start); page < end; page += page_size) {
+        const struct object *holder = object_at(context, page);
+        if (holder != NULL && holder->reg[(page - holder->start) / page_size])
+            return true;
+    }
+    return false;
+}
+
+static void cover(struct context *context, enum coverage what)
+{
+    context->counts.covered[what]++;
+}
+
+static struct object *new_object(struct context *context, enum object_kind kind)
+{
+    int slot = free_slot(context);
+    if (slot < 0)
+        return NULL;
+    struct object *object = &objects[slot];
+    memset(object, 0, sizeof(*object));
+    object->live = true;
+    object->kind = kind;
+    return object;
+}
+
+/* A new map object of pages at start with the given states. */
+static bool model_add_map(struct context *context, uintptr_t start, size_t pages,
+                          const uint8_t *klock, const uint8_t *reg)
+{
+    struct object *object = new_object(context, OBJECT_MAP);
+    if (object == NULL || pages > MAX_OBJECT_PAGES) {
+        if (object != NULL)
+            object->live = false;
+        report(context, "harness: no room for a map object of %zu pages\n", pages);
+        return false;
+    }
+    object->pointer = (char *)start;
+    object->start = start;
+    object->pages = pages;
+    memcpy(object->klock, klock, pages);
+    memcpy(object->reg, reg, pages);
+    return true;
+}
+
+/* [start, end) was unmapped: cut it out of the map objects it touches. */
+static bool model_unmap(struct context *context, uintptr_t start, uintptr_t end)
+{
+    for (int slot = context->slot_first; slot < context->slot_end; slot++) {
+        struct object *object = &objects[slot];
+        if (!object->live || object->kind != OBJECT_MAP || object->start >= end ||
+            object_end(object) <= start)
+            continue;
+        uintptr_t old_end = object_end(object);
+        size_t keep_before = start > object->start ? (start - object->start) / page_size : 0;
+        size_t after_first = end < old_end ? (end - object->start) / page_size : object->pages;
+        size_t keep_after = object->pages - after_first;
+        if (keep_after > 0) {
+            if (keep_before > 0) {
+                if (!model_add_map(context, end, keep_after, object->klock + after_first,
+                                   object->reg + after_first))
+                    return false;
+            } else {
+                memmove(object->klock, object->klock + after_first, keep_after);
+                memmove(object->reg, object->reg + after_first, keep_after);
+                object->start = end;
+                object->pointer = (char *)end;
+                object->pages = keep_after;
+                continue;
+            }
+        }
+        object->pages = keep_before;
+        if (keep_before == 0)
+            object->live = false;
+    }
+    return true;
+}
+
+static void add_leftover(struct context *context, uintptr_t start, uintptr_t end)
+{
+    if (start >= end)
+        return;
+    if (context->leftover_count == MAX_LEFTOVERS) {
+        /* Dropping one only costs locked memory until exit. */
+        memmove(context->leftovers, context->leftovers + 1,
+                (MAX_LEFTOVERS - 1) * sizeof(*context->leftovers));
+        context->leftover_count--;
+    }
+    context->leftovers[context->leftover_count++] = (struct leftover){start, end};
+}
+
+/* The pages an allocation touches: [p, p + usable) rounded outward. */
+static void heap_outward(const struct object *object, uintptr_t *start, uintptr_t *end)
+{
+    size_t usable = malloc_usable_size(object->pointer);
+    *start = page_floor((uintptr_t)object->pointer);
+    *end = page_ceil((uintptr_t)object->pointer + (usable ? usable : 1));
+}
+
+/* Where reclaiming must not munlock: live objects (a heap object's whole
+ * outward page range). Sets *inside_end past the protected ranges holding
+ * address (address itself when none) and *next_start to the first protected
+ * start above address. */
+static void protected_around(uintptr_t address, uintptr_t *inside_end, uintptr_t *next_start)
+{
+    *inside_end = address;
+    *next_start = UINTPTR_MAX;
+    for (int slot = 0; slot < MAX_SLOTS; slot++) {
+        const struct object *object = &objects[slot];
+        if (!object->live)
+            continue;
+        uintptr_t from = object->start, to = object_end(object);
+        if (object->kind == OBJECT_HEAP)
+            heap_outward(object, &from, &to);
+        if (from <= address && to > address && to > *inside_end)
+            *inside_end = to;
+        else if (from > address && from < *next_start)
+            *next_start = from;
+    }
+}
+
+/* munlocks what freed blocks may have left locked, except pages of live
+ * objects. Only at quiescent points: no other thread may own those pages. */
+static void reclaim_leftovers(struct context *owner)
+{
+    for (size_t i = 0; i < owner->leftover_count; i++) {
+        uintptr_t cursor = owner->leftovers[i].start, end = owner->leftovers[i].end;
+        while (cursor < end) {
+            uintptr_t inside_end, next_start;
+            protected_around(cursor, &inside_end, &next_start);
+            if (inside_end > cursor) {
+                cursor = inside_end;
+                continue;
+            }
+            uintptr_t stop = next_start < end ? next_start : end;
+            munlock((void *)cursor, stop - cursor); /* may hit unmapped pages: fine */
+            cursor = stop;
+        }
+    }
+    owner->leftover_count = 0;
+}
+
+static void reclaim_all_leftovers(void)
+{
+    reclaim_leftovers(&process_context);
+    for (int t = 0; t < MAX_THREADS; t++)
+        reclaim_leftovers(&thread_contexts[t]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Operations as text.                                                      */
+
+static int format_op(const struct op *op, char *out, size_t size)
+{
+    unsigned fields = op_info[op->kind].fields;
+    int length = snprintf(out, size, "%s", op_info[op->kind].name);
+#define FIELD(bit, name, format, value)                                                            \
+    if ((fields & (bit)) && length >= 0 && (size_t)length < size)                                  \
+        length += snprintf(out + length, size - (size_t)length, " " name "=" format, value);
+    FIELD(F_SLOT, "slot", "%d", op->slot)
+    FIELD(F_OFF, "off", "%" PRIu64, op->offset)
+    FIELD(F_LEN, "len", "%" PRIu64, op->length)
+    FIELD(F_SIZE, "size", "%" PRIu64, op->size)
+    FIELD(F_ALIGN, "align", "%" PRIu64, op->align)
+    FIELD(F_FLAGS, "flags", "%" PRIu64, op->flags)
+    FIELD(F_TARGET, "target", "%d", op->target)
+    FIELD(F_TOFF, "toff", "%" PRIu64, op->target_offset)
+    FIELD(F_SEED, "seed", "%" PRIu64, op->seed)
+#undef FIELD
+    return length;
+}
+
+static void print_op(FILE *stream, size_t index, const struct op *op)
+{
+    char line[256];
+    format_op(op, line, sizeof(line));
+    fprintf(stream, "%s # %zu\n", line, index);
+}
+
+static void print_header(FILE *stream)
+{
+    fprintf(stream, "# model_random replay v1 seed=%" PRIu64 " min_bytes=%" PRIu64 " page=%lu\n",
+            settings.seed, min_bytes, (unsigned long)page_size);
+}
+
+static void print_sequence(FILE *stream, const struct op *ops, size_t count)
+{
+    print_header(stream);
+    for (size_t i = 0; i < count; i++)
+        print_op(stream, i, &ops[i]);
+}
+
+static bool parse_op(const char *line, struct op *op)
+{
+    char name[32];
+    int consumed = 0;
+    if (sscanf(line, "%31s%n", name, &consumed) != 1)
+        return false;
+    memset(op, 0, sizeof(*op));
+    op->slot = op->target = -1;
+    int kind = -1;
+    for (int k = 0; k < OP_KIND_COUNT; k++)
+        if (strcmp(name, op_info[k].name) == 0)
+            kind = k;
+    if (kind < 0)
+        return false;
+    op->kind = (enum op_kind)kind;
+    const char *cursor = line + consumed;
+    for (;;) {
+        while (*cursor == ' ' || *cursor == '\t')
+            cursor++;
+        if (*cursor == '\0' || *cursor == '\n' || *cursor == '#')
+            return true;
+        char key[16];
+        long long signed_value = 0;
+        unsigned long long value = 0;
+        int used = 0;
+        if (sscanf(cursor, "%15[a-z]=%lld%n", key, &signed_value, &used) != 2)
+            return false;
+        sscanf(cursor, "%15[a-z]=%llu", key, &value);
+        cursor += used;
+        if (strcmp(key, "slot") == 0)
+            op->slot = (int)signed_value;
+        else if (strcmp(key, "target") == 0)
+            op->target = (int)signed_value;
+        else if (strcmp(key, "off") == 0)
+            op->offset = value;
+        else if (strcmp(key, "len") == 0)
+            op->length = value;
+        else if (strcmp(key, "size") == 0)
+            op->size = value;
+        else if (strcmp(key, "align") == 0)
+            op->align = value;
+        else if (strcmp(key, "flags") == 0)
+            op->flags = value;
+        else if (strcmp(key, "toff") == 0)
+            op->target_offset = value;
+        else if (strcmp(key, "seed") == 0)
+            op->seed = value;
+        else
+            return false;
+    }
+}
+
+/* The recorded sequence lives in its own mapping of a fixed size, reserved
+ * before any operation: the harness's own memory must not shift the heap or
+ * the mappings between a run and its replay, or the replay would differ. */
+enum { SEQUENCE_CAPACITY = 1 << 17 };
+
+static bool reserve_ops(struct context *context, size_t capacity)
+{
+    void *memory = mmap(NULL, capacity * sizeof(struct op), PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (memory == MAP_FAILED)
+        return false;
+    context->ops = memory;
+    context->op_capacity = capacity;
+    context->op_count = 0;
+    return true;
+}
+
+static bool record_op(struct context *context, const struct op *op)
+{
+    if (context->op_count == context->op_capacity)
+        return false;
+    context->ops[context->op_count++] = *op;
+    return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Comparing the model with the runtime and the kernel.                     */
+
+static int compare_ranges(const void *a, const void *b)
+{
+    const struct fake_cudart_range *x = a, *y = b;
+    return x->base < y->base ? -1 : x->base > y->base;
+}
+
+/* Sorts and merges adjacent or overlapping ranges in place; returns the count. */
+static size_t merge_ranges(struct fake_cudart_range *ranges, size_t count)
+{
+    qsort(ranges, count, sizeof(*ranges), compare_ranges);
+    size_t merged = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (merged > 0 && ranges[merged - 1].base + ranges[merged - 1].size >= ranges[i].base) {
+            uintptr_t end = ranges[i].base + ranges[i].size;
+            uintptr_t previous_end = ranges[merged - 1].base + ranges[merged - 1].size;
+            if (end > previous_end)
+                ranges[merged - 1].size = end - ranges[merged - 1].base;
+        } else {
+            ranges[merged++] = ranges[i];
+        }
+    }
+    return merged;
+}
+
+static bool in_scope(const struct context *scope, int slot)
+{
+    return slot >= scope->slot_first && slot < scope->slot_end;
+}
+
+/* Describes where address lies in the model, for failure reports. */
+static void describe_address(struct context *context, uintptr_t address)
+{
+    for (int slot = 0; slot < MAX_SLOTS; slot++) {
+        const struct object *object = &objects[slot];
+        if (object->live && address >= object->start && address < object_end(object)) {
+            size_t page = (address - object->start) / page_size;
+            report(context, " (slot %d %s page %zu of %zu, klock=%d)", slot,
+                   object->kind == OBJECT_HEAP ? "heap" : "map", page, object->pages,
+                   object->klock[page]);
+            return;
+        }
+    }
+    report(context, " (outside every model object)");
+}
+
+/* Reports the page runs in a but not in b (both merged and sorted). */
+static size_t report_difference(struct context *context, const char *what,
+                                const struct fake_cudart_range *a, size_t a_count,
+                                const struct fake_cudart_range *b, size_t b_count)
+{
+    size_t differences = 0, j = 0;
+    for (size_t i = 0; i < a_count; i++) {
+        uintptr_t cursor = a[i].base, end = a[i].base + a[i].size;
+        while (cursor < end) {
+            while (j < b_count && b[j].base + b[j].size <= cursor)
+                j++;
+            uintptr_t covered_from = j < b_count ? b[j].base : UINTPTR_MAX;
+            if (covered_from > cursor) {
+                uintptr_t stop = covered_from < end ? covered_from : end;
+                report(context, "  %s %#lx-%#lx (%lu pages)", what, (unsigned long)cursor,
+                       (unsigned long)stop, (unsigned long)((stop - cursor) / page_size));
+                describe_address(context, cursor);
+                report(context, "\n");
+                differences++;
+                cursor = stop;
+            } else {
+                cursor = b[j].base + b[j].size;
+            }
+        }
+    }
+    return differences;
+}
+
+/* The model's should-be-registered pages of the objects in scope, merged. */
+static size_t expected_runs(struct context *context, const struct context *scope)
+{
+    size_t count = 0;
+    for (int slot = 0; slot < MAX_SLOTS; slot++) {
+        const struct object *object = &objects[slot];
+        if (!object->live || !in_scope(scope, slot))
+            continue;
+        for (size_t page = 0; page < object->pages; page++) {
+            if (!object->reg[page])
+                continue;
+            size_t last = page;
+            while (last + 1 < object->pages && object->reg[last + 1])
+                last++;
+            if (count < MAX_RANGES)
+                context->expected[count++] =
+                    (struct fake_cudart_range){.base = object->start + page * page_size,
+                                               .size = (last - page + 1) * page_size};
+            page = last;
+        }
+    }
+    return merge_ranges(context->expected, count);
+}
+
+static void report_violations(struct context *context)
+{
+    static const char *const names[FAKE_VIOLATION_KIND_COUNT] = {
+        "register_unmapped", "register_not_locked", "page_shared", "unregister_unmapped",
+        "unregister_not_locked"};
+    for (int kind = 0; kind < FAKE_VIOLATION_KIND_COUNT && fake.violations_of; kind++) {
+        size_t count = fake.violations_of((enum fake_cudart_violation)kind);
+        if (count)
+            report(context, "  fake runtime violation %s: %zu\n", names[kind], count);
+    }
+}
+
+/* The model itself: a registered page is one the kernel has locked. */
+static bool check_model_consistent(struct context *context, const struct context *scope)
+{
+    bool ok = true;
+    for (int slot = 0; slot < MAX_SLOTS; slot++) {
+        const struct object *object = &objects[slot];
+        if (!object->live || !in_scope(scope, slot))
+            continue;
+        for (size_t page = 0; page < object->pages; page++) {
+            if (object->reg[page] && object->klock[page] != KLOCK_YES) {
+                report(context, "model: slot %d page %zu should be registered but is not locked\n",
+                       slot, page);
+                ok = false;
+                break;
+            }
+        }
+    }
+    return ok;
+}
+
+/* A fork child of a process that used CUDA: the runtime's (inherited) state
+ * must not change at all, and the shim must claim nothing. */
+static bool check_disabled_child(struct context *context, const struct context *scope)
+{
+    bool ok = true;
+    size_t count = load_fake() ? fake.snapshot(context->snapshot, MAX_RANGES) : 0;
+    bool same = count == frozen_count;
+    for (size_t i = 0; same && i < count; i++)
+        same = context->snapshot[i].base == frozen_snapshot[i].base &&
+               context->snapshot[i].size == frozen_snapshot[i].size;
+    if (!same) {
+        report(context, "fork child: the runtime's registrations changed (%zu, had %zu)\n", count,
+               frozen_count);
+        ok = false;
+    }
+    if (fake_calls(FAKE_CALL_REGISTER) != frozen_register_calls ||
+        fake_calls(FAKE_CALL_UNREGISTER) != frozen_unregister_calls) {
+        report(context,
+               "fork child: the shim called the runtime (register %" PRIu64 " -> %" PRIu64
+               ", unregister %" PRIu64 " -> %" PRIu64 ")\n",
+               frozen_register_calls, fake_calls(FAKE_CALL_REGISTER), frozen_unregister_calls,
+               fake_calls(FAKE_CALL_UNREGISTER));
+        ok = false;
+    }
+    for (int slot = 0; slot < MAX_SLOTS && shim_is_registered; slot++) {
+        const struct object *object = &objects[slot];
+        if (!object->live || !in_scope(scope, slot))
+            continue;
+        for (size_t page = 0; page < object->pages; page++) {
+            if (shim_is_registered((void *)(object->start + page * page_size))) {
+                report(context, "fork child: pinshim_is_registered(slot %d page %zu) is 1\n", slot,
+                       page);
+                return false;
+            }
+        }
+    }
+    return ok;
+}
+
+/* The runtime's registrations against the model. With a whole-process scope
+ * every registration must be a model page; with a thread's scope only the
+ * registrations over that thread's objects are compared (other threads are
+ * running). */
+static bool check_runtime(struct context *context, const struct context *scope)
+{
+    context->checks++;
+    bool ok = check_model_consistent(context, scope);
+    if (child_registration_disabled)
+        return check_disabled_child(context, scope) && ok;
+
+    size_t count = 0;
+    if (load_fake()) {
+        count = fake.snapshot(context->snapshot, MAX_RANGES);
+        if (count == MAX_RANGES) {
+            report(context, "harness: more than %d registrations\n", MAX_RANGES);
+            return false;
+        }
+    }
+    /* Registrations are whole pages and never overlap or share a page. */
+    for (size_t i = 0; i < count; i++) {
+        const struct fake_cudart_range *range = &context->snapshot[i];
+        if (range->base % page_size || range->size % page_size || range->size == 0) {
+            report(context, "registration %#lx+%lu is not whole pages\n",
+                   (unsigned long)range->base, (unsigned long)range->size);
+            ok = false;
+        }
+        if (i > 0 && context->snapshot[i - 1].base + context->snapshot[i - 1].size >
+                         page_floor(range->base)) {
+            report(context, "registrations %#lx+%lu and %#lx+%lu overlap or share a page\n",
+                   (unsigned long)context->snapshot[i - 1].base,
+                   (unsigned long)context->snapshot[i - 1].size, (unsigned long)range->base,
+                   (unsigned long)range->size);
+            ok = false;
+        }
+    }
+
+    size_t actual = 0;
+    if (scope->whole_process) {
+        memcpy(context->actual, context->snapshot, count * sizeof(*context->snapshot));
+        actual = count;
+    } else {
+        /* Clip the registrations to this thread's objects. */
+        for (int slot = scope->slot_first; slot < scope->slot_end; slot++) {
+            const struct object *object = &objects[slot];
+            if (!object->live)
+                continue;
+            for (size_t i = 0; i < count; i++) {
+                uintptr_t from = context->snapshot[i].base;
+                uintptr_t to = from + context->snapshot[i].size;
+                if (from < object->start)
+                    from = object->start;
+                if (to > object_end(object))
+                    to = object_end(object);
+                if (from < to && actual < MAX_RANGES)
+                    context->actual[actual++] =
+                        (struct fake_cudart_range){.base = from, .size = to - from};
+            }
+        }
+    }
+    actual = merge_ranges(context->actual, actual);
+    size_t expected = expected_runs(context, scope);
+
+    size_t differences =
+        report_difference(context, "registered, should not be:", context->actual, actual,
+                          context->expected, expected) +
+        report_difference(context, "should be registered, is not:", context->expected, expected,
+                          context->actual, actual);
+    if (differences)
+        ok = false;
+
+    if (load_fake()) {
+        if (fake.violations() != 0) {
+            report(context, "the fake runtime recorded %zu violations\n", fake.violations());
+            report_violations(context);
+            ok = false;
+        }
+        if (fake.peek_last_error && fake.peek_last_error() != 0) {
+            report(context, "the shim left CUDA error %d for the program\n",
+                   fake.peek_last_error());
+            ok = false;
+        }
+    }
+
+    /* The shim's counters agree with the runtime, and no call failed. */
+    if (scope->whole_process && shim_get_counters) {
+        struct pinshim_counters counters;
+        memset(&counters, 0, sizeof(counters));
+        shim_get_counters(&counters, sizeof(counters));
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < count; i++)
+            bytes += context->snapshot[i].size;
+        if (counters.live_ranges != count || counters.live_bytes != bytes) {
+            report(context,
+                   "pinshim counters: %" PRIu64 " ranges, %" PRIu64 " bytes live; the runtime "
+                   "holds %zu, %" PRIu64 "\n",
+                   counters.live_ranges, counters.live_bytes, count, bytes);
+            ok = false;
+        }
+        if (counters.register_failed || counters.unregister_failed ||
+            counters.register_already_registered) {
+            report(context,
+                   "pinshim counters: register_failed %" PRIu64 " unregister_failed %" PRIu64
+                   " already_registered %" PRIu64 "\n",
+                   counters.register_failed, counters.unregister_failed,
+                   counters.register_already_registered);
+            ok = false;
+        }
+    }
+
+    /* The shim's own view agrees at the ends of every run and just outside. */
+    if (ok && scope->whole_process && shim_is_registered) {
+        for (size_t i = 0; i < expected; i++) {
+            uintptr_t first = context->expected[i].base;
+            uintptr_t last = first + context->expected[i].size - page_size;
+            if (!shim_is_registered((void *)first) || !shim_is_registered((void *)last)) {
+                report(context, "pinshim_is_registered is 0 inside %#lx-%#lx\n",
+                       (unsigned long)first, (unsigned long)(last + page_size));
+                ok = false;
+            }
+            if (object_at(&process_context, first - page_size) != NULL &&
+                shim_is_registered((void *)(first - page_size))) {
+                report(context, "pinshim_is_registered is 1 before %#lx\n", (unsigned long)first);
+                ok = false;
+            }
+            if (object_at(&process_context, last + page_size) != NULL &&
+                shim_is_registered((void *)(last + page_size))) {
+                report(context, "pinshim_is_registered is 1 after %#lx\n",
+                       (unsigned long)(last + page_size));
+                ok = false;
+            }
+        }
+    }
+    return ok;
+}
+
+/* /proc/self/smaps: VmFlags "lo" says whether a VMA is locked. */
+struct vma {
+    uintptr_t start, end;
+    bool locked;
+};
+static struct vma vmas[16384];
+static char smaps_buffer[1 << 16];
+static pthread_mutex_t vmas_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t read_vmas(void)
+{
+    int fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    size_t count = 0, filled = 0;
+    bool at_eof = false;
+    while (!at_eof || filled > 0) {
+        if (!at_eof && filled < sizeof(smaps_buffer) - 1) {
+            ssize_t got = read(fd, smaps_buffer + filled, sizeof(smaps_buffer) - 1 - filled);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                at_eof = true;
+            else
+                filled += (size_t)got;
+        }
+        smaps_buffer[filled] = '\0';
+        char *newline = strchr(smaps_buffer, '\n');
+        if (newline == NULL) {
+            if (!at_eof && filled < sizeof(smaps_buffer) - 1)
+                continue;
+            newline = smaps_buffer + filled; /* last line or an over-long one */
+        }
+        *newline = '\0';
+        unsigned long start, end;
+        char after;
+        if (sscanf(smaps_buffer, "%lx-%lx%c", &start, &end, &after) == 3 && after == ' ') {
+            if (count < sizeof(vmas) / sizeof(*vmas))
+                vmas[count++] = (struct vma){start, end, false};
+        } else if (strncmp(smaps_buffer, "VmFlags:", 8) == 0 && count > 0) {
+            for (const char *at = smaps_buffer + 7; (at = strstr(at, " lo")) != NULL; at += 3)
+                if (at[3] == ' ' || at[3] == '\0')
+                    vmas[count - 1].locked = true;
+        }
+        size_t consumed =
+            newline < smaps_buffer + filled ? (size_t)(newline - smaps_buffer) + 1 : filled;
+        memmove(smaps_buffer, smaps_buffer + consumed, filled - consumed);
+        filled -= consumed;
+    }
+    close(fd);
+    return count;
+}
+
+static const struct vma *vma_containing(size_t count, uintptr_t address)
+{
+    size_t low = 0, high = count;
+    while (low < high) {
+        size_t middle = (low + high) / 2;
+        if (vmas[middle].end <= address)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < count && vmas[low].start <= address ? &vmas[low] : NULL;
+}
+
+/* The model's kernel view (mapped, locked) against /proc/self/smaps. Only at
+ * quiescent points. A disagreement here is a wrong model, not a shim bug. */
+static bool check_kernel_locked(struct context *context)
+{
+    size_t count = read_vmas();
+    if (count == 0)
+        return true; /* cannot tell */
+    for (int slot = 0; slot < MAX_SLOTS; slot++) {
+        const struct object *object = &objects[slot];
+        if (!object->live)
+            continue;
+        for (size_t page = 0; page < object->pages; page++) {
+            uintptr_t address = object->start + page * page_size;
+            const struct vma *vma = vma_containing(count, address);
+            if (vma == NULL) {
+                report(context, "kernel: slot %d page %zu (%#lx) is not mapped\n", slot, page,
+                       (unsigned long)address);
+                return false;
+            }
+            if (object->klock[page] != KLOCK_UNKNOWN &&
+                vma->locked != (object->klock[page] == KLOCK_YES)) {
+                report(context, "kernel: slot %d %s page %zu (%#lx) locked=%d, model says %d\n",
+                       slot, object->kind == OBJECT_HEAP ? "heap" : "map", page,
+                       (unsigned long)address, vma->locked, object->klock[page]);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static bool check_kernel(struct context *context)
+{
+    pthread_mutex_lock(&vmas_mutex);
+    bool ok = check_kernel_locked(context);
+    pthread_mutex_unlock(&vmas_mutex);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Executing operations against the real functions and the model.           */
+
+static bool page_mapped(uintptr_t address)
+{
+    return msync((void *)address, page_size, MS_ASYNC) == 0;
+}
+
+/* Where a lock/unlock of op on object lands: [*address, +length), pages
+ * [*start, *end). False when it does not fit the context's objects. */
+static bool lock_target(struct context *context, const struct object *object, const struct op *op,
+                        uintptr_t *address, uintptr_t *start, uintptr_t *end)
+{
+    if (op->offset >= object->pages * page_size ||
+        op->length > (uint64_t)MAX_SLOTS * MAX_OBJECT_PAGES * page_size)
+        return false;
+    *address = object->start + op->offset;
+    *start = page_floor(*address);
+    *end = page_ceil(*address + op->length);
+    if (*end == *start && op->length == 0 && *address % page_size != 0)
+        *end = *start + page_size; /* Linux rounds a zero length at an unaligned address up */
+    if (object->kind == OBJECT_HEAP)
+        return *start >= object->start && *end <= object_end(object);
+    return range_owned(context, *start, *end, false);
+}
+
+static enum exec_result harness_error(struct context *context, const struct op *op,
+                                      const char *what)
+{
+    char line[256];
+    format_op(op, line, sizeof(line));
+    report(context, "harness: %s: %s (errno %d %s)\n", line, what, errno, strerror(errno));
+    return EXEC_HARNESS_ERROR;
+}
+
+static bool register_on_lock(uint64_t length)
+{
+    if (!registration_possible())
+        return false;
+    return length >= min_bytes || model_bug("small-locks-register");
+}
+
+static enum exec_result exec_allocate(struct context *context, const struct op *op)
+{
+    if (op->slot < context->slot_first || op->slot >= context->slot_end || objects[op->slot].live)
+        return EXEC_SKIPPED;
+    if (op->size == 0 || op->size > (uint64_t)MAX_OBJECT_PAGES * page_size)
+        return EXEC_SKIPPED;
+    void *pointer = NULL;
+    bool rounded = false;
+    if (op->kind == OP_MALLOC) {
+        pointer = malloc(op->size);
+    } else if (op->kind == OP_ALIGNED_ALLOC) {
+        if (op->align == 0 || (op->align & (op->align - 1)) != 0)
+            return EXEC_SKIPPED;
+        pointer = aligned_alloc(op->align, op->size);
+    } else {
+        bool valid =
+            op->align != 0 && (op->align & (op->align - 1)) == 0 && op->align % sizeof(void *) == 0;
+        int error = posix_memalign(&pointer, op->align, op->size);
+        if (!valid) {
+            if (error != EINVAL)
+                return harness_error(context, op, "posix_memalign accepted a bad alignment");
+            return EXEC_FAILED;
+        }
+        if (error != 0) {
+            errno = error;
+            return harness_error(context, op, "posix_memalign failed");
+        }
+        rounded = op->size >= rounding_threshold;
+    }
+    if (pointer == NULL)
+        return harness_error(context, op, "allocation failed");
+    if (rounded) {
+        size_t whole = (op->size + page_size - 1) / page_size * page_size;
+        if ((uintptr_t)pointer % page_size != 0 || malloc_usable_size(pointer) < whole) {
+            report(context,
+                   "posix_memalign(%" PRIu64 ", %" PRIu64 ") = %p with %zu usable bytes: "
+                   "not whole pages, page aligned\n",
+                   op->align, op->size, pointer, malloc_usable_size(pointer));
+            free(pointer);
+            return EXEC_DONE; /* reported: fails the check */
+        }
+    }
+    struct object *object = &objects[op->slot];
+    memset(object, 0, sizeof(*object));
+    object->live = true;
+    object->kind = OBJECT_HEAP;
+    object->pointer = pointer;
+    object->size = op->size;
+    object->start = page_ceil((uintptr_t)pointer);
+    uintptr_t end = page_floor((uintptr_t)pointer + op->size);
+    object->pages = end > object->start ? (end - object->start) / page_size : 0;
+    /* Freed blocks may have left these pages locked: unknown until locked or unlocked. */
+    memset(object->klock, KLOCK_UNKNOWN, object->pages);
+    return EXEC_DONE;
+}
+
+static enum exec_result exec_mmap(struct context *context, const struct op *op)
+{
+    if (op->slot < context->slot_first || op->slot >= context->slot_end || objects[op->slot].live)
+        return EXEC_SKIPPED;
+    size_t pages = (op->length + page_size - 1) / page_size;
+    if (pages == 0 || pages > MAX_OBJECT_PAGES)
+        return EXEC_SKIPPED;
+    bool locked = op->flags & MMAP_FLAG_LOCKED;
+    mmap_function map = op->flags & MMAP_FLAG_MMAP64 ? mmap64 : mmap;
+    char *pointer = map(NULL, op->length, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | (locked ? MAP_LOCKED : 0), -1, 0);
+    if (pointer == MAP_FAILED) {
+        if (locked && (errno == EAGAIN || errno == ENOMEM))
+            return EXEC_FAILED; /* RLIMIT_MEMLOCK */
+        return harness_error(context, op, "mmap failed");
+    }
+    for (uintptr_t page = (uintptr_t)pointer; page < (uintptr_t)pointer + pages * page_size;
+         page += page_size)
+        if (object_at(context, page) != NULL)
+            return harness_error(context, op, "mmap returned a page the model holds");
+    struct object *object = &objects[op->slot];
+    memset(object, 0, sizeof(*object));
+    object->live = true;
+    object->kind = OBJECT_MAP;
+    object->pointer = pointer;
+    object->start = (uintptr_t)pointer;
+    object->pages = pages;
+    memset(object->klock, locked ? KLOCK_YES : KLOCK_NO, pages);
+    memset(object->reg, locked && register_on_lock(op->length), pages);
+    return EXEC_DONE;
+}
+
+static enum exec_result exec_lock(struct context *context, const struct op *op)
+{
+    struct object *object = slot_object(context, op->slot);
+    uintptr_t address, start, end;
+    if (object == NULL || !lock_target(context, object, op, &address, &start, &end))
+        return EXEC_SKIPPED;
+    int result;
+    if (op->kind == OP_MLOCK) {
+        result = mlock((void *)address, op->length);
+    } else if (op->kind == OP_MLOCK2) {
+        result = mlock2((void *)address, op->length, (unsigned)op->flags);
+    } else {
+        bool had_registered = any_registered(context, start, end);
+        result = munlock((void *)address, op->length);
+        if (result != 0)
+            return harness_error(context, op, "munlock failed");
+        if (had_registered)
+            cover(context, COVER_MUNLOCK_REGISTERED);
+        model_set(context, start, end, KLOCK_NO, model_bug("munlock-keeps") ? KEEP : 0);
+        return EXEC_DONE;
+    }
+    if (result != 0) {
+        if (op->kind == OP_MLOCK2 && (op->flags & ~(uint64_t)MLOCK_ONFAULT) && errno == EINVAL)
+            return EXEC_FAILED;
+        if (errno == ENOMEM || errno == EAGAIN || errno == EPERM)
+            return EXEC_FAILED; /* RLIMIT_MEMLOCK; nothing changed */
+        return harness_error(context, op, "lock failed");
+    }
+    model_set(context, start, end, KLOCK_YES, register_on_lock(op->length) ? 1 : KEEP);
+    cover(context, op->length >= min_bytes ? COVER_LOCK_REGISTERING : COVER_LOCK_SMALL);
+    return EXEC_DONE;
+}
+
+static enum exec_result exec_munmap(struct context *context, const struct op *op)
+{
+    struct object *object = slot_object(context, op->slot);
+    if (object == NULL || object->kind != OBJECT_MAP || op->offset >= object->pages * page_size)
+        return EXEC_SKIPPED;
+    uintptr_t address = object->start + op->offset;
+    bool invalid = address % page_size != 0 || op->length == 0;
+    uintptr_t end = page_ceil(address + op->length);
+    if (!invalid && (op->length > (uint64_t)MAX_SLOTS * MAX_OBJECT_PAGES * page_size ||
+                     !range_owned(context, address, end, true)))
+        return EXEC_SKIPPED;
+    if (!invalid && any_registered(context, address, end))
+        cover(context, COVER_MUNMAP_REGISTERED);
+    int result = munmap((void *)address, op->length);
+    if (invalid) {
+        if (result == 0 || errno != EINVAL)
+            return harness_error(context, op, "munmap with a bad argument did not fail EINVAL");
+        return EXEC_FAILED;
+    }
+    if (result != 0)
+        return harness_error(context, op, "munmap failed");
+    return model_unmap(context, address, end) ? EXEC_DONE : EXEC_HARNESS_ERROR;
+}
+
+/* After a failed call that may have unmapped [start, end): cut out what is gone. */
+static bool model_probe_unmapped(struct context *context, uintptr_t start, uintptr_t end)
+{
+    for (uintptr_t address = start; address < end; address += page_size)
+        if (!page_mapped(address) && !model_unmap(context, address, address + page_size))
+            return false;
+    return true;
+}
+
+static enum exec_result exec_mmap_fixed(struct context *context, const struct op *op)
+{
+    struct object *object = slot_object(context, op->slot);
+    if (object == NULL || object->kind != OBJECT_MAP || op->offset >= object->pages * page_size ||
+        op->length == 0 || op->length > (uint64_t)MAX_SLOTS * MAX_OBJECT_PAGES * page_size)
+        return EXEC_SKIPPED;
+    uintptr_t address = object->start + op->offset;
+    uintptr_t start = page_floor(address), end = page_ceil(address + op->length);
+    if (!range_owned(context, start, end, true))
+        return EXEC_SKIPPED;
+    bool locked = op->flags & MMAP_FLAG_LOCKED;
+    mmap_function map = op->flags & MMAP_FLAG_MMAP64 ? mmap64 : mmap;
+    if (op->kind == OP_MMAP_NOREPLACE) {
+        void *result = mmap((void *)address, op->length, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        if (result != MAP_FAILED)
+            return harness_error(context, op, "MAP_FIXED_NOREPLACE over a mapping succeeded");
+        return EXEC_FAILED;
+    }
+    bool had_registered = any_registered(context, start, end);
+    void *result = map((void *)address, op->length, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (locked ? MAP_LOCKED : 0), -1, 0);
+    if (address % page_size != 0) {
+        if (result != MAP_FAILED || errno != EINVAL)
+            return harness_error(context, op, "MAP_FIXED at an unaligned address did not fail");
+        return EXEC_FAILED;
+    }
+    if (result == MAP_FAILED) {
+        if (!(locked && (errno == EAGAIN || errno == ENOMEM)))
+            return harness_error(context, op, "mmap MAP_FIXED failed");
+        return model_probe_unmapped(context, start, end) ? EXEC_FAILED : EXEC_HARNESS_ERROR;
+    }
+    if (result != (void *)address)
+        return harness_error(context, op, "MAP_FIXED mapped elsewhere");
+    model_set(context, start, end, locked ? KLOCK_YES : KLOCK_NO,
+              locked && register_on_lock(op->length));
+    if (had_registered)
+        cover(context, COVER_MAP_FIXED_REGISTERED);
+    return EXEC_DONE;
+}
+
+static enum exec_result exec_mremap(struct context *context, const struct op *op)
+{
+    struct object *object = slot_object(context, op->slot);
+    if (object == NULL || object->kind != OBJECT_MAP || op->flags >= MREMAP_MODE_COUNT ||
+        op->offset >= object->pages * page_size || op->length == 0 || op->size == 0 ||
+        op->length > (uint64_t)MAX_OBJECT_PAGES * page_size ||
+        op->size > (uint64_t)MAX_OBJECT_PAGES * page_size)
+        return EXEC_SKIPPED;
+    enum mremap_mode mode = (enum mremap_mode)op->flags;
+    uintptr_t address = object->start + op->offset;
+    if (mode == MREMAP_MODE_UNALIGNED) {
+        void *result = mremap((void *)(address | 1), op->length, op->size, MREMAP_MAYMOVE);
+        if (result != MAP_FAILED || errno != EINVAL)
+            return harness_error(context, op, "mremap at an unaligned address did not fail");
+        return EXEC_FAILED;
+    }
+    if (address % page_size != 0)
+        return EXEC_SKIPPED;
+    size_t old_pages = (op->length + page_size - 1) / page_size;
+    size_t new_pages = (op->size + page_size - 1) / page_size;
+    uintptr_t old_end = address + old_pages * page_size;
+    if (!range_owned(context, address, old_end, true))
+        return EXEC_SKIPPED;
+    bool fixed = mode == MREMAP_MODE_FIXED || mode == MREMAP_MODE_DONTUNMAP_FIXED;
+    bool dontunmap = mode == MREMAP_MODE_DONTUNMAP || mode == MREMAP_MODE_DONTUNMAP_FIXED;
+    int flags = mode == MREMAP_MODE_IN_PLACE ? 0 : MREMAP_MAYMOVE;
+    uintptr_t target = 0, unlocked_start = 0, unlocked_end = 0;
+    if (fixed) {
+        struct object *over = slot_object(context, op->target);
+        if (over == NULL || over->kind != OBJECT_MAP || op->target_offset % page_size != 0 ||
+            op->target_offset >= over->pages * page_size)
+            return EXEC_SKIPPED;
+        target = over->start + op->target_offset;
+        if (!range_owned(context, target, target + new_pages * page_size, true))
+            return EXEC_SKIPPED;
+        flags |= MREMAP_FIXED;
+    }
+    if (dontunmap) {
+        /* Linux clears VM_LOCKED on every VMA the old range touches, wholly,
+         * not only on the old range (since 6.17 a move may span several
+         * VMAs); MREMAP_FIXED first unmaps the target, which may cut one of
+         * them. Other threads' mappings may merge into those VMAs, so only
+         * whole-process runs. */
+        if (op->length != op->size || !context->whole_process)
+            return EXEC_SKIPPED;
+        pthread_mutex_lock(&vmas_mutex);
+        size_t count = read_vmas();
+        const struct vma *first = vma_containing(count, address);
+        const struct vma *last = vma_containing(count, old_end - 1);
+        if (first != NULL && last != NULL) {
+            unlocked_start = first->start;
+            unlocked_end = last->end;
+        }
+        pthread_mutex_unlock(&vmas_mutex);
+        if (unlocked_end == 0)
+            return harness_error(context, op, "no VMA holds the old range");
+        uintptr_t target_end = target + new_pages * page_size;
+        if (fixed && target < unlocked_end && target_end > unlocked_start) {
+            if (target_end <= address)
+                unlocked_start = target_end;
+            else
+                unlocked_end = target;
+        }
+        flags |= MREMAP_DONTUNMAP;
+    }
+
+    /* What moves: the old pages' states, and for growth the old last page's. */
+    uint8_t klock[MAX_OBJECT_PAGES], reg[MAX_OBJECT_PAGES];
+    for (size_t page = 0; page < new_pages; page++) {
+        uintptr_t from = address + (page < old_pages ? page : old_pages - 1) * page_size;
+        const struct object *holder = object_at(context, from);
+        size_t index = (from - holder->start) / page_size;
+        klock[page] = holder->klock[index];
+        reg[page] = holder->reg[index];
+        if (page >= old_pages && model_bug("mremap-tail-unregistered"))
+            reg[page] = 0;
+    }
+
+    void *result = flags & MREMAP_FIXED
+                       ? mremap((void *)address, op->length, op->size, flags, (void *)target)
+                       : mremap((void *)address, op->length, op->size, flags);
+    if (result == MAP_FAILED) {
+        if (errno != ENOMEM && errno != EFAULT && errno != EINVAL && errno != EAGAIN)
+            return harness_error(context, op, "mremap failed unexpectedly");
+        /* A failed MREMAP_FIXED may already have unmapped the target. */
+        if (fixed && !model_probe_unmapped(context, target, target + new_pages * page_size))
+            return EXEC_HARNESS_ERROR;
+        return EXEC_FAILED;
+    }
+    uintptr_t moved_to = (uintptr_t)result;
+    if (fixed && moved_to != target)
+        return harness_error(context, op, "MREMAP_FIXED moved elsewhere");
+    if (new_pages > old_pages && reg[new_pages - 1])
+        cover(context, COVER_MREMAP_GROWN);
+    if (moved_to != address && any_registered(context, address, old_end))
+        cover(context, COVER_MREMAP_MOVED);
+    if (fixed)
+        cover(context, COVER_MREMAP_FIXED);
+    if (dontunmap)
+        cover(context, COVER_MREMAP_DONTUNMAP);
+    if (moved_to == address) {
+        if (new_pages < old_pages)
+            cover(context, COVER_MREMAP_SHRUNK);
+        if (new_pages < old_pages)
+            return model_unmap(context, address + new_pages * page_size, old_end)
+                       ? EXEC_DONE
+                       : EXEC_HARNESS_ERROR;
+        if (new_pages > old_pages) {
+            /* Grown in place: the pages after old_end were free. */
+            struct object *holder = object_at(context, old_end - page_size);
+            size_t extra = new_pages - old_pages;
+            if (object_at(context, old_end) != NULL)
+                return harness_error(context, op, "mremap grew over a model page");
+            if (object_end(holder) == old_end && holder->pages + extra <= MAX_OBJECT_PAGES) {
+                memcpy(holder->klock + holder->pages, klock + old_pages, extra);
+                memcpy(holder->reg + holder->pages, reg + old_pages, extra);
+                holder->pages += extra;
+                return EXEC_DONE;
+            }
+            return model_add_map(context, old_end, extra, klock + old_pages, reg + old_pages)
+                       ? EXEC_DONE
+                       : EXEC_HARNESS_ERROR;
+        }
+        return EXEC_DONE;
+    }
+    if (dontunmap) {
+        /* The old range stays mapped and empty; its whole VMA is unlocked, so
+         * nothing in it may stay registered. When the new range lands next to
+         * that VMA and merges into it (an anonymous VMA never faulted in), it
+         * is unlocked too: ask the kernel. */
+        model_set(context, unlocked_start, unlocked_end, KLOCK_NO, 0);
+        bool merged = false;
+        pthread_mutex_lock(&vmas_mutex);
+        size_t count = read_vmas();
+        for (size_t page = 0; page < new_pages; page++) {
+            const struct vma *vma = vma_containing(count, moved_to + page * page_size);
+            if (vma == NULL || !vma->locked) {
+                merged |= klock[page] == KLOCK_YES;
+                klock[page] = KLOCK_NO;
+                reg[page] = 0;
+            }
+        }
+        pthread_mutex_unlock(&vmas_mutex);
+        if (merged)
+            cover(context, COVER_MREMAP_DONTUNMAP_MERGED);
+    } else if (!model_unmap(context, address, old_end)) {
+        return EXEC_HARNESS_ERROR;
+    }
+    if (fixed) {
+        if (!model_unmap(context, target, target + new_pages * page_size))
+            return EXEC_HARNESS_ERROR;
+    } else if (object_at(context, moved_to) != NULL) {
+        return harness_error(context, op, "mremap moved onto a model page");
+    }
+    return model_add_map(context, moved_to, new_pages, klock, reg) ? EXEC_DONE : EXEC_HARNESS_ERROR;
+}
+
+static void forget_heap_object(struct context *context, struct object *object)
+{
+    if (any_registered(context, object->start, object_end(object)))
+        cover(context, COVER_FREE_REGISTERED);
+    for (size_t page = 0; page < object->pages; page++)
+        if (object->klock[page] != KLOCK_NO)
+            add_leftover(context, object->start + page * page_size,
+                         object->start + (page + 1) * page_size);
+    object->live = false;
+}
+
+/* Hides a size from the compiler's allocation-size warnings: these calls are
+ * meant to fail. */
+static volatile size_t too_big_size = (size_t)PTRDIFF_MAX + 1;
+static volatile size_t overflow_count = SIZE_MAX / 2;
+
+/* A failed realloc leaves the block valid; GCC's use-after-free warning cannot know it failed. */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuse-after-free"
+#endif
+static enum exec_result exec_free(struct context *context, const struct op *op)
+{
+    struct object *object = slot_object(context, op->slot);
+    if (object == NULL || object->kind != OBJECT_HEAP)
+        return EXEC_SKIPPED;
+    if (op->kind == OP_FREE) {
+        free(object->pointer);
+        forget_heap_object(context, object);
+        return EXEC_DONE;
+    }
+    char *result;
+    size_t size = op->size;
+    switch ((enum realloc_mode)op->flags) {
+    case REALLOC_TOO_BIG:
+    case REALLOC_ARRAY_OVERFLOW:
+        errno = 0;
+        result = op->flags == REALLOC_TOO_BIG ? realloc(object->pointer, too_big_size)
+                                              : reallocarray(object->pointer, overflow_count, 4);
+        if (result != NULL || errno != ENOMEM)
+            return harness_error(context, op, "an impossible realloc did not fail ENOMEM");
+        return EXEC_FAILED; /* the block and its registrations stay */
+    case REALLOC_PLAIN:
+        if (size > (uint64_t)MAX_OBJECT_PAGES * page_size)
+            return EXEC_SKIPPED;
+        result = realloc(object->pointer, size);
+        break;
+    case REALLOC_ARRAY:
+        if (size > (uint64_t)MAX_OBJECT_PAGES * page_size)
+            return EXEC_SKIPPED;
+        size = size / 16 * 16;
+        result = reallocarray(object->pointer, size / 16, 16);
+        break;
+    default:
+        return EXEC_SKIPPED;
+    }
+    if (size == 0) {
+        /* glibc frees the block and may return NULL. */
+        forget_heap_object(context, object);
+        if (result != NULL)
+            free(result);
+        return EXEC_DONE;
+    }
+    if (result == NULL)
+        return harness_error(context, op, "realloc failed");
+    forget_heap_object(context, object);
+    object->live = true;
+    object->pointer = result;
+    object->size = size;
+    object->start = page_ceil((uintptr_t)result);
+    uintptr_t end = page_floor((uintptr_t)result + size);
+    object->pages = end > object->start ? (end - object->start) / page_size : 0;
+    memset(object->klock, KLOCK_UNKNOWN, object->pages);
+    memset(object->reg, 0, object->pages);
+    return EXEC_DONE;
+}
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#pragma GCC diagnostic pop
+#endif
+
+/* Lock or unlock from inside a map object across its end into an unmapped
+ * page: Linux applies the call up to the hole and fails with ENOMEM. */
+static enum exec_result exec_hole(struct context *context, const struct op *op)
+{
+    struct object *object = slot_object(context, op->slot);
+    if (object == NULL || object->kind != OBJECT_MAP || op->offset >= object->pages * page_size)
+        return EXEC_SKIPPED;
+    uintptr_t hole = object_end(object);
+    if (object_at(context, hole) != NULL || page_mapped(hole))
+        return EXEC_SKIPPED; /* no hole there now */
+    uintptr_t address = object->start + op->offset;
+    size_t length = hole + page_size - address;
+    uintptr_t start = page_floor(address);
+    int result = op->kind == OP_MLOCK_HOLE ? mlock((void *)address, length)
+                                           : munlock((void *)address, length);
+    if (result == 0 || errno != ENOMEM)
+        return harness_error(context, op, "a call over a hole did not fail ENOMEM");
+    if (op->kind == OP_MUNLOCK_HOLE) {
+        model_set(context, start, hole, KLOCK_NO, 0);
+    } else {
+        /* Locked up to the hole, unless RLIMIT_MEMLOCK stopped it first. */
+        for (uintptr_t page = start; page < hole; page += page_size) {
+            struct object *holder = object_at(context, page);
+            size_t index = (page - holder->start) / page_size;
+            if (holder->klock[index] != KLOCK_YES)
+                holder->klock[index] = KLOCK_UNKNOWN;
+        }
+    }
+    return EXEC_FAILED;
+}
+
+static enum exec_result exec_all(struct context *context, const struct op *op)
+{
+    if (!context->whole_process)
+        return EXEC_SKIPPED;
+    if (op->kind == OP_MUNLOCKALL) {
+        if (munlockall() != 0)
+            return harness_error(context, op, "munlockall failed");
+        for (int slot = 0; slot < MAX_SLOTS; slot++) {
+            memset(objects[slot].klock, KLOCK_NO, MAX_OBJECT_PAGES);
+            memset(objects[slot].reg, 0, MAX_OBJECT_PAGES);
+        }
+        context->leftover_count = 0;
+        for (int t = 0; t < MAX_THREADS; t++)
+            thread_contexts[t].leftover_count = 0;
+        return EXEC_DONE;
+    }
+    if (mlockall(MCL_CURRENT) != 0) {
+        if (errno == ENOMEM || errno == EPERM)
+            return EXEC_FAILED; /* RLIMIT_MEMLOCK */
+        return harness_error(context, op, "mlockall failed");
+    }
+    for (int slot = 0; slot < MAX_SLOTS; slot++)
+        memset(objects[slot].klock, KLOCK_YES, MAX_OBJECT_PAGES);
+    return EXEC_DONE;
+}
+
+static enum exec_result exec_fork(struct context *context, const struct op *op, size_t index);
+
+static enum exec_result execute(struct context *context, const struct op *op, size_t index)
+{
+    switch (op->kind) {
+    case OP_MALLOC:
+    case OP_POSIX_MEMALIGN:
+    case OP_ALIGNED_ALLOC:
+        return exec_allocate(context, op);
+    case OP_MMAP:
+        return exec_mmap(context, op);
+    case OP_MLOCK:
+    case OP_MLOCK2:
+    case OP_MUNLOCK:
+        return exec_lock(context, op);
+    case OP_MUNMAP:
+        return exec_munmap(context, op);
+    case OP_MMAP_FIXED:
+    case OP_MMAP_NOREPLACE:
+        return exec_mmap_fixed(context, op);
+    case OP_MREMAP:
+        return exec_mremap(context, op);
+    case OP_FREE:
+    case OP_REALLOC:
+        return exec_free(context, op);
+    case OP_MUNLOCKALL:
+    case OP_MLOCKALL:
+        return exec_all(context, op);
+    case OP_FORK:
+        return exec_fork(context, op, index);
+    case OP_MLOCK_HOLE:
+    case OP_MUNLOCK_HOLE:
+        return exec_hole(context, op);
+    case OP_KIND_COUNT:
+        break;
+    }
+    return EXEC_SKIPPED;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Generating operations.                                                   */
+
+/* A live object of this context matching want (or any), chosen at random. */
+static struct object *pick_object(struct context *context, bool (*want)(const struct object *))
+{
+    int candidates[SLOTS_PER_THREAD * MAX_THREADS];
+    int count = 0;
+    for (int slot = context->slot_first; slot < context->slot_end; slot++)
+        if (objects[slot].live && (want == NULL || want(&objects[slot])))
+            candidates[count++] = slot;
+    if (count == 0)
+        return NULL;
+    return &objects[candidates[rng_below(&context->rng, (uint64_t)count)]];
+}
+
+static bool is_heap(const struct object *object)
+{
+    return object->kind == OBJECT_HEAP;
+}
+
+static bool is_map(const struct object *object)
+{
+    return object->kind == OBJECT_MAP;
+}
+
+static bool has_pages(const struct object *object)
+{
+    return object->pages > 0;
+}
+
+/* A byte range inside [0, pages) pages: whole, page-aligned, unaligned, or
+ * around PINSHIM_MIN_BYTES. */
+static void pick_span(struct context *context, size_t pages, uint64_t *offset, uint64_t *length)
+{
+    uint64_t *rng = &context->rng;
+    uint64_t first = rng_below(rng, pages);
+    uint64_t last = rng_between(rng, first, pages - 1); /* inclusive */
+    if (rng_chance(rng, 0.5)) {
+        /* Bias toward larger spans so large locks are common. */
+        first = rng_below(rng, (pages + 3) / 4);
+        last = rng_between(rng, first + (pages - first) / 2, pages - 1);
+    }
+    unsigned choice = (unsigned)rng_below(rng, 100);
+    if (choice < 15) {
+        *offset = 0;
+        *length = pages * page_size;
+    } else if (choice < 45) {
+        *offset = first * page_size;
+        *length = (last - first + 1) * page_size;
+    } else if (choice < 82) {
+        uint64_t head = rng_below(rng, page_size);
+        uint64_t tail = rng_between(rng, 1, page_size);
+        *offset = first * page_size + head;
+        uint64_t end = last * page_size + tail;
+        if (end <= *offset)
+            end = (last + 1) * page_size;
+        *length = end - *offset;
+    } else if (choice < 97) {
+        static const int64_t deltas[] = {-1, 0, 1, -4096, 4096, -100, 100};
+        int64_t delta = deltas[rng_below(rng, sizeof(deltas) / sizeof(*deltas))];
+        uint64_t want = (uint64_t)((int64_t)min_bytes + delta);
+        uint64_t head = rng_chance(rng, 0.5) ? rng_below(rng, page_size) : 0;
+        uint64_t span = (head + want + page_size - 1) / page_size;
+        if (span <= pages) {
+            *offset = rng_below(rng, pages - span + 1) * page_size + head;
+            *length = want;
+        } else {
+            *offset = first * page_size;
+            *length = (last - first + 1) * page_size;
+        }
+    } else {
+        *offset = first * page_size + rng_between(rng, 1, page_size - 1);
+        *length = 0; /* Linux still acts on the page */
+    }
+}
+
+/* The map object starting where object ends, if this context owns one. */
+static struct object *next_adjacent(struct context *context, const struct object *object)
+{
+    struct object *next = object_at(context, object_end(object));
+    return next != NULL && next->kind == OBJECT_MAP && object->kind == OBJECT_MAP ? next : NULL;
+}
+
+static uint64_t pick_heap_size(struct context *context)
+{
+    uint64_t *rng = &context->rng;
+    unsigned choice = (unsigned)rng_below(rng, 100);
+    if (choice < 15)
+        return rng_between(rng, 1024, 64 * 1024 - 1);
+    if (choice < 80)
+        return rng_between(rng, 64 * 1024, 320 * 1024);
+    return rng_between(rng, 320 * 1024, 520 * 1024);
+}
+
+static bool generate_op(struct context *context, struct op *op)
+{
+    uint64_t *rng = &context->rng;
+    size_t live = live_objects(context);
+    bool can_create = live < context->object_cap && free_slot(context) >= 0;
+    bool must_shrink = live > context->object_cap + 2;
+    bool have_heap = pick_object(context, is_heap) != NULL;
+    bool have_map = pick_object(context, is_map) != NULL;
+    bool have_pages = pick_object(context, has_pages) != NULL;
+
+    memset(op, 0, sizeof(*op));
+    op->slot = op->target = -1;
+    if (context->whole_process && !in_fork_child && rng_chance(rng, settings.fork_rate)) {
+        op->kind = OP_FORK;
+        op->seed = rng_next(rng);
+        op->flags = rng_between(rng, 10, 60);
+        return true;
+    }
+
+    struct {
+        enum op_kind kind;
+        unsigned weight;
+    } table[] = {
+        {OP_MALLOC, can_create ? 50 : 0},
+        {OP_POSIX_MEMALIGN, can_create ? 50 : 0},
+        {OP_ALIGNED_ALLOC, can_create ? 20 : 0},
+        {OP_MMAP, can_create ? 60 : 0},
+        {OP_MLOCK, have_pages && !must_shrink ? 140 : 0},
+        {OP_MLOCK2, have_pages && !must_shrink ? 60 : 0},
+        {OP_MUNLOCK, have_pages && !must_shrink ? 100 : 0},
+        {OP_MUNMAP, have_map ? (must_shrink ? 100 : 60) : 0},
+        {OP_MMAP_FIXED, have_map && !must_shrink ? 30 : 0},
+        {OP_MMAP_NOREPLACE, have_map && !must_shrink ? 5 : 0},
+        {OP_MREMAP, have_map && !must_shrink ? 80 : 0},
+        {OP_FREE, have_heap ? (must_shrink ? 100 : 50) : 0},
+        {OP_REALLOC, have_heap && !must_shrink ? 40 : 0},
+        {OP_MUNLOCKALL, context->whole_process ? 8 : 0},
+        {OP_MLOCKALL, context->whole_process ? 2 : 0},
+        {OP_MLOCK_HOLE, context->whole_process && have_map ? 8 : 0},
+        {OP_MUNLOCK_HOLE, context->whole_process && have_map ? 8 : 0},
+    };
+    unsigned total = 0;
+    for (size_t i = 0; i < sizeof(table) / sizeof(*table); i++)
+        total += table[i].weight;
+    if (total == 0)
+        return false;
+    unsigned pick = (unsigned)rng_below(rng, total);
+    size_t chosen = 0;
+    while (pick >= table[chosen].weight) {
+        pick -= table[chosen].weight;
+        chosen++;
+    }
+    op->kind = table[chosen].kind;
+
+    struct object *object = NULL;
+    switch (op->kind) {
+    case OP_MALLOC:
+        op->slot = free_slot(context);
+        op->size = pick_heap_size(context);
+        break;
+    case OP_POSIX_MEMALIGN: {
+        static const uint64_t alignments[] = {16, 64, 256, 4096, 65536, 24 /* invalid */};
+        op->slot = free_slot(context);
+        op->size = pick_heap_size(context);
+        op->align = alignments[rng_below(rng, rng_chance(rng, 0.03) ? 6 : 5)];
+        break;
+    }
+    case OP_ALIGNED_ALLOC: {
+        static const uint64_t alignments[] = {16, 4096, 8192};
+        op->slot = free_slot(context);
+        op->size = pick_heap_size(context);
+        op->align = alignments[rng_below(rng, 3)];
+        break;
+    }
+    case OP_MMAP:
+        op->slot = free_slot(context);
+        op->length = rng_between(rng, 1, 160) * page_size;
+        if (rng_chance(rng, 0.2))
+            op->length -= rng_below(rng, page_size - 1) + 1;
+        if (op->length == 0)
+            op->length = page_size;
+        op->flags = (rng_chance(rng, 0.35) ? MMAP_FLAG_LOCKED : 0) |
+                    (rng_chance(rng, 0.3) ? MMAP_FLAG_MMAP64 : 0);
+        break;
+    case OP_MLOCK:
+    case OP_MLOCK2:
+    case OP_MUNLOCK: {
+        object = pick_object(context, has_pages);
+        op->slot = (int)(object - objects);
+        pick_span(context, object->pages, &op->offset, &op->length);
+        /* Sometimes run on into the adjacent map object. */
+        struct object *next = next_adjacent(context, object);
+        if (next != NULL && rng_chance(rng, 0.5) && op->length > 0)
+            op->length = object->pages * page_size - op->offset +
+                         rng_between(rng, 1, next->pages * page_size);
+        if (op->kind == OP_MLOCK2)
+            op->flags = rng_chance(rng, 0.03) ? 0x10 : (rng_chance(rng, 0.5) ? MLOCK_ONFAULT : 0);
+        break;
+    }
+    case OP_MUNMAP:
+    case OP_MMAP_FIXED:
+    case OP_MMAP_NOREPLACE: {
+        object = pick_object(context, is_map);
+        op->slot = (int)(object - objects);
+        if (must_shrink || rng_chance(rng, 0.2)) {
+            op->offset = 0;
+            op->length = object->pages * page_size;
+        } else {
+            pick_span(context, object->pages, &op->offset, &op->length);
+            if (op->length == 0)
+                op->length = 1;
+            if (rng_chance(rng, 0.9) || op->kind == OP_MMAP_NOREPLACE)
+                op->offset = op->offset / page_size * page_size;
+        }
+        struct object *next = next_adjacent(context, object);
+        if (next != NULL && rng_chance(rng, 0.3))
+            op->length = object->pages * page_size - op->offset +
+                         rng_between(rng, 1, next->pages * page_size);
+        if (op->kind == OP_MUNMAP && rng_chance(rng, 0.03))
+            op->length = 0; /* EINVAL */
+        if (op->kind == OP_MMAP_FIXED)
+            op->flags = (rng_chance(rng, 0.5) ? MMAP_FLAG_LOCKED : 0) |
+                        (rng_chance(rng, 0.3) ? MMAP_FLAG_MMAP64 : 0);
+        break;
+    }
+    case OP_MREMAP: {
+        object = pick_object(context, is_map);
+        op->slot = (int)(object - objects);
+        uint64_t first = 0, count = object->pages;
+        if (rng_chance(rng, 0.4)) {
+            first = rng_below(rng, object->pages);
+            count = rng_between(rng, 1, object->pages - first);
+        }
+        op->offset = first * page_size;
+        op->length = count * page_size - (rng_chance(rng, 0.2) ? rng_below(rng, page_size) : 0);
+        unsigned choice = (unsigned)rng_below(rng, 100);
+        op->flags = choice < 25   ? MREMAP_MODE_IN_PLACE
+                    : choice < 63 ? MREMAP_MODE_MAYMOVE
+                    : choice < 82 ? MREMAP_MODE_FIXED
+                    : choice < 90 ? MREMAP_MODE_DONTUNMAP
+                    : choice < 96 ? MREMAP_MODE_DONTUNMAP_FIXED
+                                  : MREMAP_MODE_UNALIGNED;
+        uint64_t new_pages;
+        unsigned shape = (unsigned)rng_below(rng, 3);
+        if (shape == 0)
+            new_pages = rng_between(rng, 1, count);
+        else if (shape == 1)
+            new_pages = count;
+        else
+            new_pages = rng_between(rng, count, count * 2 + 4);
+        uint64_t room = MAX_OBJECT_PAGES - (object->pages - count);
+        if (new_pages > room)
+            new_pages = room;
+        if (new_pages == 0)
+            new_pages = 1;
+        op->size = new_pages * page_size - (rng_chance(rng, 0.2) ? rng_below(rng, page_size) : 0);
+        bool dontunmap =
+            op->flags == MREMAP_MODE_DONTUNMAP || op->flags == MREMAP_MODE_DONTUNMAP_FIXED;
+        if (dontunmap && !context->whole_process) /* see exec_mremap */
+            op->flags =
+                op->flags == MREMAP_MODE_DONTUNMAP ? MREMAP_MODE_MAYMOVE : MREMAP_MODE_FIXED;
+        else if (dontunmap)
+            op->size = op->length;
+        if (op->flags == MREMAP_MODE_FIXED || op->flags == MREMAP_MODE_DONTUNMAP_FIXED) {
+            struct object *over = pick_object(context, is_map);
+            uint64_t pages_needed = (op->size + page_size - 1) / page_size;
+            if (op->flags == MREMAP_MODE_DONTUNMAP_FIXED && first >= pages_needed &&
+                rng_chance(rng, 0.5)) {
+                /* Right below the old range: the moved range may merge with it. */
+                op->target = op->slot;
+                op->target_offset = (first - pages_needed) * page_size;
+            } else if (over->pages < pages_needed) {
+                op->flags = MREMAP_MODE_MAYMOVE;
+            } else {
+                op->target = (int)(over - objects);
+                op->target_offset = rng_below(rng, over->pages - pages_needed + 1) * page_size;
+            }
+        }
+        break;
+    }
+    case OP_FREE:
+    case OP_REALLOC:
+        object = pick_object(context, is_heap);
+        op->slot = (int)(object - objects);
+        if (op->kind == OP_REALLOC) {
+            unsigned choice = (unsigned)rng_below(rng, 100);
+            op->flags = choice < 70   ? REALLOC_PLAIN
+                        : choice < 85 ? REALLOC_ARRAY
+                        : choice < 93 ? REALLOC_TOO_BIG
+                                      : REALLOC_ARRAY_OVERFLOW;
+            op->size = rng_chance(rng, 0.05) ? 0 : pick_heap_size(context);
+        }
+        break;
+    case OP_MLOCK_HOLE:
+    case OP_MUNLOCK_HOLE:
+        object = pick_object(context, is_map);
+        op->slot = (int)(object - objects);
+        op->offset = rng_below(rng, object->pages * page_size);
+        break;
+    default:
+        break;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Runs.                                                                    */
+
+static void print_counts(FILE *stream, const struct op_counts *counts)
+{
+    fprintf(stream, "ops:");
+    for (int kind = 0; kind < OP_KIND_COUNT; kind++)
+        if (counts->done[kind] + counts->failed[kind] + counts->skipped[kind])
+            fprintf(stream, " %s=%" PRIu64 "/%" PRIu64 "/%" PRIu64, op_info[kind].name,
+                    counts->done[kind], counts->failed[kind], counts->skipped[kind]);
+    fprintf(stream, " (done/failed/skipped)\ncoverage:");
+    for (int what = 0; what < COVER_COUNT; what++)
+        fprintf(stream, " %s=%" PRIu64, coverage_names[what], counts->covered[what]);
+    fprintf(stream, "\n");
+}
+
+static void count_result(struct context *context, const struct op *op, enum exec_result result)
+{
+    if (result == EXEC_DONE)
+        context->counts.done[op->kind]++;
+    else if (result == EXEC_FAILED)
+        context->counts.failed[op->kind]++;
+    else if (result == EXEC_SKIPPED)
+        context->counts.skipped[op->kind]++;
+}
+
+enum step_verdict { STEP_OK, STEP_DISAGREE, STEP_HARNESS };
+
+/* Executes one op of a whole-process run and checks everything after it. */
+static enum step_verdict step(struct context *context, const struct op *op, size_t index)
+{
+    enum exec_result result = execute(context, op, index);
+    count_result(context, op, result);
+    if (settings.trace) {
+        static const char *const outcome[] = {"done", "failed", "skipped", "harness error"};
+        char line[256];
+        format_op(op, line, sizeof(line));
+        printf("trace %zu %s -> %s;", index, line, outcome[result]);
+        for (int slot = context->slot_first; slot < context->slot_end; slot++)
+            if (objects[slot].live)
+                printf(" %d:%s+%lx/%zu", slot, objects[slot].kind == OBJECT_HEAP ? "h" : "m",
+                       (unsigned long)(objects[slot].start & 0xffffff), objects[slot].pages);
+        printf("\n");
+    }
+    if (result == EXEC_HARNESS_ERROR)
+        return STEP_HARNESS;
+    reclaim_leftovers(context);
+    bool ok = context->report_length == 0;
+    if (!check_runtime(context, context))
+        ok = false;
+    bool kernel_due = op->kind == OP_FORK || (settings.kernel_check_every &&
+                                              (index + 1) % settings.kernel_check_every == 0);
+    if (ok && kernel_due && !check_kernel(context))
+        ok = false;
+    return ok ? STEP_OK : STEP_DISAGREE;
+}
+
+/* Frees and unmaps every object, then expects nothing registered at all. */
+static enum step_verdict cleanup(struct context *context)
+{
+    bool ok = check_kernel(context);
+    for (int slot = context->slot_first; slot < context->slot_end && ok; slot++) {
+        struct object *object = &objects[slot];
+        if (!object->live)
+            continue;
+        if (object->kind == OBJECT_HEAP) {
+            free(object->pointer);
+            forget_heap_object(context, object);
+        } else {
+            uintptr_t start = object->start, end = object_end(object);
+            if (munmap((void *)start, end - start) != 0) {
+                report(context, "harness: cleanup munmap failed\n");
+                return STEP_HARNESS;
+            }
+            model_unmap(context, start, end);
+        }
+        reclaim_leftovers(context);
+        ok = check_runtime(context, context);
+    }
+    if (ok && !child_registration_disabled && load_fake() && fake.snapshot(context->snapshot, 1)) {
+        report(context, "registrations remain after every object is gone\n");
+        ok = false;
+    }
+    return ok ? STEP_OK : STEP_DISAGREE;
+}
+
+static void print_report(struct context *context)
+{
+    fwrite(context->report, 1, context->report_length, stdout);
+    context->report_length = 0;
+}
+
+static void init_process_context(struct context *context, int slot_end, size_t cap, uint64_t seed)
+{
+    context->index = -1;
+    context->slot_first = 0;
+    context->slot_end = slot_end;
+    context->object_cap = cap;
+    context->whole_process = true;
+    context->rng = seed;
+}
+
+/* The child of a fork op: same objects, no locks (Linux does not inherit
+ * them), no registrations; it runs its own operations and exits with its
+ * verdict. */
+static void run_fork_child(struct context *parent, const struct op *op, size_t parent_index,
+                           bool parent_had_runtime)
+{
+    in_fork_child = true;
+    child_registration_disabled = parent_had_runtime;
+    if (parent_had_runtime) {
+        frozen_count = fake.snapshot(frozen_snapshot, MAX_RANGES);
+        frozen_register_calls = fake_calls(FAKE_CALL_REGISTER);
+        frozen_unregister_calls = fake_calls(FAKE_CALL_UNREGISTER);
+    }
+    for (int slot = 0; slot < MAX_SLOTS; slot++) {
+        memset(objects[slot].klock, KLOCK_NO, MAX_OBJECT_PAGES);
+        memset(objects[slot].reg, 0, MAX_OBJECT_PAGES);
+    }
+    struct context *context = parent; /* always process_context */
+    init_process_context(context, parent->slot_end, parent->object_cap, op->seed);
+    context->leftover_count = 0;
+    context->report_length = 0;
+    context->op_count = 0;
+    for (int t = 0; t < MAX_THREADS; t++)
+        thread_contexts[t].leftover_count = 0;
+    enum step_verdict verdict = STEP_OK;
+    size_t index = 0;
+    if (!check_runtime(context, context))
+        verdict = STEP_DISAGREE;
+    for (; verdict == STEP_OK && index < op->flags; index++) {
+        struct op child_op;
+        if (!generate_op(context, &child_op))
+            break;
+        record_op(context, &child_op);
+        verdict = step(context, &child_op, index);
+    }
+    if (verdict == STEP_OK)
+        verdict = cleanup(context);
+    if (verdict != STEP_OK) {
+        printf("FORK CHILD FAILURE (%s) of op %zu, child op %zu, seed %" PRIu64 ", %s:\n",
+               verdict == STEP_HARNESS ? "harness" : "disagreement", parent_index,
+               index ? index - 1 : 0, op->seed,
+               child_registration_disabled ? "runtime inherited" : "runtime usable");
+        print_report(context);
+        printf("child sequence:\n");
+        print_sequence(stdout, context->ops, context->op_count);
+        fflush(stdout);
+        exit(verdict == STEP_HARNESS ? EXIT_HARNESS : EXIT_DISAGREE);
+    }
+    fflush(stdout);
+    exit(EXIT_AGREE); /* through the shim's exit path */
+}
+
+static enum exec_result exec_fork(struct context *context, const struct op *op, size_t index)
+{
+    if (!context->whole_process || in_fork_child || op->flags > 10000)
+        return EXEC_SKIPPED;
+    bool had_runtime = load_fake();
+    cover(context, had_runtime ? COVER_FORK_INHERITED : COVER_FORK_FRESH);
+    uint64_t registers = fake_calls(FAKE_CALL_REGISTER);
+    uint64_t unregisters = fake_calls(FAKE_CALL_UNREGISTER);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t child = fork();
+    if (child < 0)
+        return harness_error(context, op, "fork failed");
+    if (child == 0)
+        run_fork_child(context, op, index, had_runtime);
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != EXIT_AGREE) {
+        if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_HARNESS)
+            return harness_error(context, op, "the fork child hit a harness error");
+        report(context, "fork child failed: %s %d\n", WIFEXITED(status) ? "exit" : "signal",
+               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        return EXEC_DONE;
+    }
+    if (fake_calls(FAKE_CALL_REGISTER) != registers ||
+        fake_calls(FAKE_CALL_UNREGISTER) != unregisters)
+        report(context, "the parent called the runtime during fork\n");
+    return EXEC_DONE;
+}
+
+/* Runs ops in a fresh process (this program, --replay) and classifies the
+ * outcome: 0 pass, 1 disagreement, 3 harness, 128+N signal N. *failed_at is
+ * the op index the replay failed at (or count when it failed at cleanup). */
+static int run_candidate(const struct op *ops, size_t count, size_t *failed_at)
+{
+    const char *directory = getenv("TMPDIR");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/model_random-candidate-XXXXXX",
+             directory && *directory ? directory : "/tmp");
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return -1;
+    FILE *file = fdopen(fd, "w");
+    print_sequence(file, ops, count);
+    fclose(file);
+    int pipe_fds[2];
+    if (pipe(pipe_fds) != 0) {
+        unlink(path);
+        return -1;
+    }
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(pipe_fds[1], STDOUT_FILENO);
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0)
+            dup2(null, STDERR_FILENO);
+        close(pipe_fds[0]);
+        char kernel_every[32];
+        snprintf(kernel_every, sizeof(kernel_every), "%zu", settings.kernel_check_every);
+        const char *argv[16];
+        int argc = 0;
+        argv[argc++] = saved_argv[0];
+        argv[argc++] = "--replay";
+        argv[argc++] = path;
+        argv[argc++] = "--no-shrink";
+        argv[argc++] = "--quiet";
+        argv[argc++] = "--kernel-check-every";
+        argv[argc++] = kernel_every;
+        if (settings.expose_known_bugs)
+            argv[argc++] = "--expose-known-bugs";
+        if (settings.model_bug) {
+            argv[argc++] = "--inject-model-bug";
+            argv[argc++] = settings.model_bug;
+        }
+        argv[argc] = NULL;
+        alarm(120); /* a hang counts as SIGALRM */
+        execv("/proc/self/exe", (char *const *)argv);
+        _exit(127);
+    }
+    close(pipe_fds[1]);
+    char output[8192];
+    size_t used = 0;
+    ssize_t got;
+    while ((got = read(pipe_fds[0], output + used, sizeof(output) - 1 - used)) > 0 ||
+           (got < 0 && errno == EINTR)) {
+        if (got > 0)
+            used += (size_t)got;
+        if (used == sizeof(output) - 1) {
+            /* Keep the tail, where the verdict line is. */
+            memmove(output, output + 4096, used - 4096);
+            used -= 4096;
+        }
+    }
+    output[used] = '\0';
+    close(pipe_fds[0]);
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    unlink(path);
+    const char *verdict = strstr(output, "FAILED-AT ");
+    *failed_at = verdict ? (size_t)strtoull(verdict + 10, NULL, 10) : count;
+    if (WIFSIGNALED(status))
+        return 128 + WTERMSIG(status);
+    return WEXITSTATUS(status);
+}
+
+static double seconds_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+/* Delta debugging: drop chunks, then single ops, while the failure (same
+ * class) persists; each candidate runs in a fresh process. */
+static void shrink(const struct op *failing, size_t count, int failure_class)
+{
+    struct op *best = malloc(count * sizeof(*best));
+    struct op *candidate = malloc(count * sizeof(*candidate));
+    if (best == NULL || candidate == NULL)
+        return;
+    memcpy(best, failing, count * sizeof(*best));
+    size_t best_count = count;
+    double deadline = seconds_now() + settings.shrink_budget_seconds;
+    size_t runs = 0;
+    size_t failed_at = 0;
+    /* The recorded sequence must fail on its own first. */
+    int first = run_candidate(best, best_count, &failed_at);
+    runs++;
+    if (first != failure_class) {
+        printf("shrink: the recorded sequence does not reproduce in a fresh process "
+               "(class %d, wanted %d); not shrinking\n",
+               first, failure_class);
+        free(best);
+        free(candidate);
+        return;
+    }
+    if (failed_at + 1 < best_count)
+        best_count = failed_at + 1;
+    size_t chunk = best_count / 2 ? best_count / 2 : 1;
+    while (chunk >= 1 && seconds_now() < deadline) {
+        bool progress = false;
+        for (size_t start = 0; start < best_count && seconds_now() < deadline;) {
+            size_t end = start + chunk < best_count ? start + chunk : best_count;
+            size_t n = 0;
+            for (size_t i = 0; i < best_count; i++)
+                if (i < start || i >= end)
+                    candidate[n++] = best[i];
+            if (n == 0) {
+                start = end;
+                continue;
+            }
+            int outcome = run_candidate(candidate, n, &failed_at);
+            runs++;
+            if (outcome == failure_class) {
+                best_count = failed_at + 1 < n ? failed_at + 1 : n;
+                memcpy(best, candidate, best_count * sizeof(*best));
+                progress = true;
+            } else {
+                start = end;
+            }
+        }
+        if (!progress) {
+            if (chunk == 1)
+                break;
+            chunk /= 2;
+        } else if (chunk > best_count / 2 && best_count > 1) {
+            chunk = best_count / 2;
+        }
+    }
+    printf("shortest failing sequence (%zu ops, class %d, %zu runs%s):\n", best_count,
+           failure_class, runs, seconds_now() >= deadline ? ", budget spent" : "");
+    print_sequence(stdout, best, best_count);
+    if (settings.shrunk_out) {
+        FILE *out = fopen(settings.shrunk_out, "w");
+        if (out) {
+            print_sequence(out, best, best_count);
+            fclose(out);
+        }
+    }
+    free(best);
+    free(candidate);
+}
+
+static int finish_single(struct context *context, enum step_verdict verdict, size_t index)
+{
+    if (settings.record_path) {
+        FILE *out = fopen(settings.record_path, "w");
+        if (out) {
+            print_sequence(out, context->ops, context->op_count);
+            fclose(out);
+        }
+    }
+    if (verdict == STEP_OK) {
+        if (!settings.quiet) {
+            print_counts(stdout, &context->counts);
+            printf("summary seed=%" PRIu64 " ops=%zu checks=%" PRIu64 " register_calls=%" PRIu64
+                   " unregister_calls=%" PRIu64 " layout=%s\n",
+                   settings.seed, context->op_count, context->checks,
+                   fake_calls(FAKE_CALL_REGISTER), fake_calls(FAKE_CALL_UNREGISTER),
+                   layout_fixed ? "fixed" : "randomised");
+        }
+        printf("PASS\n");
+        return EXIT_AGREE;
+    }
+    int code = verdict == STEP_HARNESS ? EXIT_HARNESS : EXIT_DISAGREE;
+    printf("FAILURE (%s) seed=%" PRIu64 " at op %zu%s\n",
+           verdict == STEP_HARNESS ? "harness error" : "model and runtime disagree", settings.seed,
+           index, index == context->op_count ? " (final cleanup)" : "");
+    if (index < context->op_count) {
+        printf("op: ");
+        print_op(stdout, index, &context->ops[index]);
+    }
+    print_report(context);
+    if (!settings.quiet) {
+        printf("sequence (%zu ops):\n", context->op_count);
+        print_sequence(stdout, context->ops, context->op_count);
+    }
+    printf("FAILED-AT %zu\n", index);
+    fflush(stdout);
+    if (settings.shrink && code == EXIT_DISAGREE) {
+        shrink(context->ops, context->op_count, code);
+    }
+    return code;
+}
+
+static int run_single(void)
+{
+    struct context *context = &process_context;
+    init_process_context(context, SLOTS_PER_THREAD, 14, settings.seed);
+    if (settings.ops > SEQUENCE_CAPACITY - 20000 || !reserve_ops(context, SEQUENCE_CAPACITY)) {
+        fprintf(stderr, "model_random: at most %d ops\n", SEQUENCE_CAPACITY - 20000);
+        return EXIT_USAGE;
+    }
+    enum step_verdict verdict = STEP_OK;
+    size_t index = 0;
+    for (; index < settings.ops; index++) {
+        struct op op;
+        if (!generate_op(context, &op) || !record_op(context, &op)) {
+            report(context, "harness: cannot generate an op\n");
+            verdict = STEP_HARNESS;
+            break;
+        }
+        verdict = step(context, &op, index);
+        if (verdict != STEP_OK)
+            break;
+    }
+    if (verdict == STEP_OK)
+        verdict = cleanup(context);
+    if (verdict != STEP_OK && index == settings.ops)
+        index = context->op_count;
+    return finish_single(context, verdict, index);
+}
+
+/* Reads the sequence with plain read(2) into a static buffer (no stdio: see
+ * reserve_ops). */
+static char replay_text[1 << 22];
+
+static int run_replay(void)
+{
+    struct context *context = &process_context;
+    init_process_context(context, SLOTS_PER_THREAD, 14, settings.seed);
+    if (!reserve_ops(context, SEQUENCE_CAPACITY))
+        return EXIT_HARNESS;
+    int fd = open(settings.replay_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "cannot open %s: %s\n", settings.replay_path, strerror(errno));
+        return EXIT_USAGE;
+    }
+    size_t length = 0;
+    ssize_t got;
+    while ((got = read(fd, replay_text + length, sizeof(replay_text) - 1 - length)) > 0 ||
+           (got < 0 && errno == EINTR))
+        if (got > 0)
+            length += (size_t)got;
+    close(fd);
+    replay_text[length] = '\0';
+    size_t line_number = 0;
+    for (char *line = replay_text; line != NULL && *line != '\0';) {
+        char *next = strchr(line, '\n');
+        if (next != NULL)
+            *next++ = '\0';
+        line_number++;
+        const char *text = line;
+        while (*text == ' ' || *text == '\t')
+            text++;
+        if (*text != '#' && *text != '\0') {
+            struct op op;
+            if (!parse_op(text, &op) || !record_op(context, &op)) {
+                fprintf(stderr, "%s:%zu: cannot parse: %s\n", settings.replay_path, line_number,
+                        line);
+                return EXIT_USAGE;
+            }
+        }
+        line = next;
+    }
+    enum step_verdict verdict = STEP_OK;
+    size_t index = 0;
+    for (; index < context->op_count; index++) {
+        verdict = step(context, &context->ops[index], index);
+        if (verdict != STEP_OK)
+            break;
+    }
+    if (verdict == STEP_OK)
+        verdict = cleanup(context);
+    return finish_single(context, verdict, index);
+}
+
+/* ---- multi-threaded runs ---- */
+
+static pthread_barrier_t barrier;
+
+static void thread_failure(struct context *context, enum step_verdict verdict, size_t index)
+{
+    pthread_mutex_lock(&output_mutex);
+    printf("FAILURE (%s) seed=%" PRIu64 " thread %d at op %zu\n",
+           verdict == STEP_HARNESS ? "harness error" : "model and runtime disagree", settings.seed,
+           context->index, index);
+    if (index < context->op_count) {
+        printf("op: ");
+        print_op(stdout, index, &context->ops[index]);
+    }
+    print_report(context);
+    printf("thread %d sequence (%zu ops; threads interleave, so replay by seed only):\n",
+           context->index, context->op_count);
+    print_sequence(stdout, context->ops, context->op_count);
+    printf("FAILED-AT %zu\n", index);
+    fflush(stdout);
+    _exit(verdict == STEP_HARNESS ? EXIT_HARNESS : EXIT_DISAGREE);
+}
+
+/* At a barrier, every other thread waits: check the whole process, reclaim,
+ * and sometimes munlockall or fork. */
+static void barrier_duties(size_t round)
+{
+    struct context *context = &process_context;
+    reclaim_all_leftovers();
+    struct op op;
+    memset(&op, 0, sizeof(op));
+    op.slot = op.target = -1;
+    enum step_verdict verdict = STEP_OK;
+    if (rng_chance(&context->rng, 0.1)) {
+        op.kind = OP_MUNLOCKALL;
+        verdict = step(context, &op, round);
+    } else if (rng_chance(&context->rng, settings.fork_rate * (double)settings.barrier_every)) {
+        op.kind = OP_FORK;
+        op.seed = rng_next(&context->rng);
+        op.flags = rng_between(&context->rng, 10, 60);
+        verdict = step(context, &op, round);
+    } else {
+        context->checks++;
+        if (!check_runtime(context, context) || !check_kernel(context))
+            verdict = STEP_DISAGREE;
+    }
+    if (verdict != STEP_OK) {
+        record_op(context, &op);
+        pthread_mutex_lock(&output_mutex);
+        printf("FAILURE (%s) seed=%" PRIu64 " at barrier %zu (%s)\n",
+               verdict == STEP_HARNESS ? "harness error" : "model and runtime disagree",
+               settings.seed, round, op_info[op.kind].name);
+        print_report(context);
+        printf("FAILED-AT barrier %zu\n", round);
+        fflush(stdout);
+        _exit(verdict == STEP_HARNESS ? EXIT_HARNESS : EXIT_DISAGREE);
+    }
+}
+
+/* The pages a lock op of this thread asks to register: [*start, *end). */
+static bool registering_lock_range(struct context *context, const struct op *op, uintptr_t *start,
+                                   uintptr_t *end)
+{
+    struct object *object = slot_object(context, op->slot);
+    if (object == NULL || op->length < min_bytes)
+        return false;
+    uintptr_t address;
+    if (op->kind == OP_MLOCK || op->kind == OP_MLOCK2) {
+        if (!lock_target(context, object, op, &address, start, end))
+            return false;
+    } else if (op->kind == OP_MMAP_FIXED && (op->flags & MMAP_FLAG_LOCKED) &&
+               object->kind == OBJECT_MAP && op->offset < object->pages * page_size) {
+        *start = page_floor(object->start + op->offset);
+        *end = page_ceil(object->start + op->offset + op->length);
+    } else {
+        return false;
+    }
+    return *end > *start && (*end - *start) / page_size <= sizeof(context->registered_before);
+}
+
+/* With threads, the shim leaves out of a lock's registration the pages that
+ * an unlock running meanwhile touches, and all of them when more unlocks
+ * came than it keeps notes of (ENGINE_RECENT_UNLOCKS), though this thread's
+ * pages are its own (see the report). Pages this lock newly asked for that
+ * the runtime does not hold are taken as left out, and counted. */
+static void adopt_race_skipped_pages(struct context *context, uintptr_t start, uintptr_t end)
+{
+    size_t count = load_fake() ? fake.snapshot(context->snapshot, MAX_RANGES) : 0;
+    size_t next = 0;
+    for (uintptr_t page = start; page < end; page += page_size) {
+        struct object *holder = object_at(context, page);
+        if (holder == NULL || context->registered_before[(page - start) / page_size])
+            continue;
+        size_t index = (page - holder->start) / page_size;
+        if (!holder->reg[index])
+            continue;
+        while (next < count && context->snapshot[next].base + context->snapshot[next].size <= page)
+            next++;
+        bool held = next < count && context->snapshot[next].base <= page;
+        if (!held) {
+            holder->reg[index] = 0;
+            context->race_skipped_pages++;
+        }
+    }
+}
+
+static void *thread_main(void *argument)
+{
+    struct context *context = argument;
+    size_t rounds = (settings.ops + settings.barrier_every - 1) / settings.barrier_every;
+    size_t index = 0;
+    for (size_t round = 0; round < rounds; round++) {
+        for (size_t k = 0; k < settings.barrier_every && index < settings.ops; k++, index++) {
+            struct op op;
+            if (!generate_op(context, &op) || !record_op(context, &op)) {
+                report(context, "harness: cannot generate an op\n");
+                thread_failure(context, STEP_HARNESS, index);
+            }
+            uintptr_t lock_start = 0, lock_end = 0;
+            bool lenient = !settings.expose_known_bugs &&
+                           registering_lock_range(context, &op, &lock_start, &lock_end);
+            /* MAP_FIXED replaces the pages: all of them are registered anew. */
+            if (lenient)
+                for (uintptr_t page = lock_start; page < lock_end; page += page_size)
+                    context->registered_before[(page - lock_start) / page_size] =
+                        op.kind != OP_MMAP_FIXED && any_registered(context, page, page + page_size);
+            enum exec_result result = execute(context, &op, index);
+            count_result(context, &op, result);
+            if (result == EXEC_HARNESS_ERROR)
+                thread_failure(context, STEP_HARNESS, index);
+            if (!settings.expose_known_bugs && result == EXEC_DONE && op.kind == OP_MMAP &&
+                (op.flags & MMAP_FLAG_LOCKED) && op.length >= min_bytes) {
+                /* A new mapping: where it lands is known only now. */
+                const struct object *mapped = slot_object(context, op.slot);
+                lock_start = mapped->start;
+                lock_end = object_end(mapped);
+                memset(context->registered_before, 0, sizeof(context->registered_before));
+                lenient = true;
+            }
+            if (lenient && result == EXEC_DONE)
+                adopt_race_skipped_pages(context, lock_start, lock_end);
+            bool ok = context->report_length == 0;
+            if (!check_runtime(context, context))
+                ok = false;
+            if (!ok)
+                thread_failure(context, STEP_DISAGREE, index);
+        }
+        pthread_barrier_wait(&barrier);
+        if (context->index == 0)
+            barrier_duties(round);
+        pthread_barrier_wait(&barrier);
+    }
+    return NULL;
+}
+
+static int run_threads(void)
+{
+    int count = settings.threads;
+    pthread_barrier_init(&barrier, NULL, (unsigned)count);
+    init_process_context(&process_context, count * SLOTS_PER_THREAD, (size_t)count * 6,
+                         settings.seed ^ 0x5bd1e995u);
+    if (!reserve_ops(&process_context, SEQUENCE_CAPACITY))
+        return EXIT_HARNESS;
+    pthread_t threads[MAX_THREADS];
+    for (int t = 0; t < count; t++) {
+        struct context *context = &thread_contexts[t];
+        context->index = t;
+        context->slot_first = t * SLOTS_PER_THREAD;
+        context->slot_end = (t + 1) * SLOTS_PER_THREAD;
+        context->object_cap = 6;
+        context->whole_process = false;
+        context->rng = settings.seed * 1000003u + (uint64_t)t + 1;
+        if (!reserve_ops(context, settings.ops + 16))
+            return EXIT_HARNESS;
+        if (pthread_create(&threads[t], NULL, thread_main, context) != 0) {
+            fprintf(stderr, "pthread_create failed\n");
+            return EXIT_HARNESS;
+        }
+    }
+    for (int t = 0; t < count; t++)
+        pthread_join(threads[t], NULL);
+    /* Everything from every thread, then gone. */
+    process_context.slot_first = 0;
+    enum step_verdict verdict = cleanup(&process_context);
+    struct op_counts total = process_context.counts;
+    uint64_t checks = process_context.checks;
+    uint64_t race_skipped = 0;
+    size_t ops = 0;
+    for (int t = 0; t < count; t++) {
+        for (int kind = 0; kind < OP_KIND_COUNT; kind++) {
+            total.done[kind] += thread_contexts[t].counts.done[kind];
+            total.failed[kind] += thread_contexts[t].counts.failed[kind];
+            total.skipped[kind] += thread_contexts[t].counts.skipped[kind];
+        }
+        for (int what = 0; what < COVER_COUNT; what++)
+            total.covered[what] += thread_contexts[t].counts.covered[what];
+        checks += thread_contexts[t].checks;
+        race_skipped += thread_contexts[t].race_skipped_pages;
+        ops += thread_contexts[t].op_count;
+    }
+    if (verdict != STEP_OK) {
+        printf("FAILURE (%s) seed=%" PRIu64 " at final cleanup\n",
+               verdict == STEP_HARNESS ? "harness error" : "model and runtime disagree",
+               settings.seed);
+        print_report(&process_context);
+        printf("FAILED-AT cleanup\n");
+        return verdict == STEP_HARNESS ? EXIT_HARNESS : EXIT_DISAGREE;
+    }
+    if (!settings.quiet) {
+        print_counts(stdout, &total);
+        printf("summary seed=%" PRIu64 " threads=%d ops=%zu checks=%" PRIu64
+               " register_calls=%" PRIu64 " unregister_calls=%" PRIu64
+               " race_skipped_pages=%" PRIu64 "\n",
+               settings.seed, count, ops, checks, fake_calls(FAKE_CALL_REGISTER),
+               fake_calls(FAKE_CALL_UNREGISTER), race_skipped);
+    }
+    printf("PASS\n");
+    return EXIT_AGREE;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static bool parse_min_bytes(const char *text, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno || end == text)
+        return false;
+    unsigned long long scale = 1;
+    if (*end == 'k' || *end == 'K')
+        scale = 1024, end++;
+    else if (*end == 'm' || *end == 'M')
+        scale = 1024 * 1024, end++;
+    else if (*end == 'g' || *end == 'G')
+        scale = 1024 * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'B')
+        end++;
+    if (*end == 'B')
+        end++;
+    if (*end != '\0')
+        return false;
+    *out = value * scale;
+    return true;
+}
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: model_random [--seed S] [--ops N] [--threads T] [--fork-rate R]\n"
+            "                    [--barrier-every K] [--kernel-check-every N] [--record FILE]\n"
+            "                    [--replay FILE] [--no-shrink] [--shrunk-out FILE]\n"
+            "                    [--shrink-budget SECONDS] [--quiet] [--trace]\n"
+            "                    [--expose-known-bugs] [--inject-model-bug NAME]\n"
+            "Run with LD_PRELOAD=libpinshim.so PINSHIM_CUDART=libfake_cudart.so.\n");
+    return EXIT_USAGE;
+}
+
+/* Without address-space randomisation the same sequence meets the same
+ * layout (whether a mapping can grow in place, which mappings are adjacent),
+ * so a seed or a recorded sequence replays exactly. Re-executes itself once
+ * with ADDR_NO_RANDOMIZE; where that is not allowed, runs as it is. */
+static bool fix_layout(char **argv)
+{
+    int current = personality(0xffffffff);
+    if (current == -1)
+        return false;
+    if (current & ADDR_NO_RANDOMIZE)
+        return true;
+    if (getenv("MODEL_RANDOM_KEEP_ASLR") != NULL ||
+        personality((unsigned long)current | ADDR_NO_RANDOMIZE) == -1)
+        return false;
+    execv("/proc/self/exe", argv);
+    personality((unsigned long)current);
+    return false;
+}
+
+int main(int argc, char **argv)
+{
+    saved_argv = argv;
+    layout_fixed = fix_layout(argv);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(arg, "--no-shrink") == 0) {
+            settings.shrink = false;
+        } else if (strcmp(arg, "--quiet") == 0) {
+            settings.quiet = true;
+        } else if (strcmp(arg, "--trace") == 0) {
+            settings.trace = true;
+        } else if (strcmp(arg, "--expose-known-bugs") == 0) {
+            settings.expose_known_bugs = true;
+        } else if (value == NULL) {
+            return usage();
+        } else {
+            i++;
+            if (strcmp(arg, "--seed") == 0)
+                settings.seed = strtoull(value, NULL, 0);
+            else if (strcmp(arg, "--ops") == 0)
+                settings.ops = strtoull(value, NULL, 0);
+            else if (strcmp(arg, "--threads") == 0)
+                settings.threads = atoi(value);
+            else if (strcmp(arg, "--fork-rate") == 0)
+                settings.fork_rate = strtod(value, NULL);
+            else if (strcmp(arg, "--barrier-every") == 0)
+                settings.barrier_every = strtoull(value, NULL, 0);
+            else if (strcmp(arg, "--kernel-check-every") == 0)
+                settings.kernel_check_every = strtoull(value, NULL, 0);
+            else if (strcmp(arg, "--record") == 0)
+                settings.record_path = value;
+            else if (strcmp(arg, "--replay") == 0)
+                settings.replay_path = value;
+            else if (strcmp(arg, "--shrunk-out") == 0)
+                settings.shrunk_out = value;
+            else if (strcmp(arg, "--shrink-budget") == 0)
+                settings.shrink_budget_seconds = strtod(value, NULL);
+            else if (strcmp(arg, "--inject-model-bug") == 0)
+                settings.model_bug = value;
+            else
+                return usage();
+        }
+    }
+    if (settings.threads < 1 || settings.threads > MAX_THREADS || settings.barrier_every == 0)
+        return usage();
+
+    page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const char *min_text = getenv("PINSHIM_MIN_BYTES");
+    if (min_text && *min_text && !parse_min_bytes(min_text, &min_bytes)) {
+        fprintf(stderr, "model_random: cannot read PINSHIM_MIN_BYTES=%s\n", min_text);
+        return EXIT_USAGE;
+    }
+    rounding_threshold = min_bytes < 65536 ? 65536 : (size_t)min_bytes;
+    shim_is_registered = (int (*)(const void *))dlsym(RTLD_DEFAULT, "pinshim_is_registered");
+    shim_get_counters =
+        (size_t(*)(struct pinshim_counters *, size_t))dlsym(RTLD_DEFAULT, "pinshim_get_counters");
+    if (shim_is_registered == NULL || getenv("PINSHIM_CUDART") == NULL) {
+        printf("model_random: libpinshim.so is not preloaded or PINSHIM_CUDART is unset\n");
+        return EXIT_HARNESS;
+    }
+    /* Set up stdio's buffer before any object exists. */
+    static char stdout_buffer[1 << 16];
+    setvbuf(stdout, stdout_buffer, _IOLBF, sizeof(stdout_buffer));
+
+    if (settings.replay_path)
+        return run_replay();
+    if (settings.threads > 1)
+        return run_threads();
+    return run_single();
+}

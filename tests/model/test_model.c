@@ -1,0 +1,386 @@
+/* Model-based random testing: runs model_random (see model_random.c) under
+ * LD_PRELOAD=libpinshim.so with the fake CUDA runtime over many seeds, with
+ * and without the runtime's /proc/self/smaps checks, with 8 threads, with
+ * many forks and with other PINSHIM_MIN_BYTES values; checks that a
+ * deliberately wrong model is caught and shrunk, that sequences replay, and
+ * documents the shim bugs the model found (the .txt files in tests/model).
+ * Paths come from meson: PINSHIM_LIB, FAKE_CUDART, MODEL_RANDOM, MODEL_SOURCE_DIR. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "child.h"
+
+static const char *required_env(const char *name)
+{
+    const char *value = getenv(name);
+    cr_assert_not_null(value, "%s is not set (run through meson test)", name);
+    return value;
+}
+
+struct run_options {
+    bool smaps_checks;     /* FAKE_CUDART_CHECK=1: the runtime checks every call */
+    const char *min_bytes; /* PINSHIM_MIN_BYTES; NULL: 16K, so small and large locks occur */
+};
+
+/* Runs model_random with args (NULL-terminated). */
+static int run_model(struct child_result *result, const char *const *args,
+                     struct run_options options)
+{
+    char preload[1024], cudart[1024], min_bytes[64];
+    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", required_env("PINSHIM_LIB"));
+    snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s", required_env("FAKE_CUDART"));
+    snprintf(min_bytes, sizeof(min_bytes), "PINSHIM_MIN_BYTES=%s",
+             options.min_bytes ? options.min_bytes : "16K");
+    const char *environment[] = {preload,
+                                 cudart,
+                                 min_bytes,
+                                 options.smaps_checks ? "FAKE_CUDART_CHECK=1"
+                                                      : "FAKE_CUDART_CHECK=0",
+                                 "PINSHIM_REGISTER=",
+                                 "PINSHIM_FLAGS=",
+                                 "PINSHIM_STATS=",
+                                 "PINSHIM_LOG=",
+                                 "FAKE_CUDART_LOG=",
+                                 "FAKE_CUDART_NO_DRIVER=",
+                                 "FAKE_CUDART_DEVICES=",
+                                 "FAKE_CUDART_FAIL_REGISTER_EVERY=",
+                                 "FAKE_CUDART_FAIL_UNREGISTER_EVERY=",
+                                 "FAKE_CUDART_UNLOAD_AT_EXIT=",
+                                 NULL};
+    const char *argv[32];
+    size_t count = 0;
+    argv[count++] = required_env("MODEL_RANDOM");
+    for (size_t i = 0; args[i] != NULL && count < 31; i++)
+        argv[count++] = args[i];
+    argv[count] = NULL;
+    return child_run(argv, environment, NULL, result);
+}
+
+/* What runs reached, summed from their "coverage:" and "summary" lines. */
+struct coverage_totals {
+    uint64_t lock_registering, lock_small, munlock_registered, munmap_registered,
+        map_fixed_registered, free_registered, mremap_moved, mremap_grown, mremap_shrunk,
+        mremap_fixed, mremap_dontunmap, fork_inherited, fork_fresh, ops, register_calls;
+    bool layout_fixed; /* every run summed had address-space randomisation off */
+    unsigned runs;
+};
+
+static uint64_t number_after(const char *text, const char *key)
+{
+    const char *at = strstr(text, key);
+    cr_assert_not_null(at, "no %s in:\n%s", key, text);
+    return strtoull(at + strlen(key), NULL, 10);
+}
+
+static void add_coverage(struct coverage_totals *totals, const char *out)
+{
+    const char *line = strstr(out, "coverage:");
+    cr_assert_not_null(line, "no coverage line in:\n%s", out);
+    totals->lock_registering += number_after(line, " lock_registering=");
+    totals->lock_small += number_after(line, " lock_small=");
+    totals->munlock_registered += number_after(line, " munlock_registered=");
+    totals->munmap_registered += number_after(line, " munmap_registered=");
+    totals->map_fixed_registered += number_after(line, " map_fixed_registered=");
+    totals->free_registered += number_after(line, " free_registered=");
+    totals->mremap_moved += number_after(line, " mremap_moved=");
+    totals->mremap_grown += number_after(line, " mremap_grown=");
+    totals->mremap_shrunk += number_after(line, " mremap_shrunk=");
+    totals->mremap_fixed += number_after(line, " mremap_fixed=");
+    totals->mremap_dontunmap += number_after(line, " mremap_dontunmap=");
+    totals->fork_inherited += number_after(line, " fork_inherited=");
+    totals->fork_fresh += number_after(line, " fork_fresh=");
+    const char *summary = strstr(out, "summary ");
+    cr_assert_not_null(summary, "no summary line in:\n%s", out);
+    totals->ops += number_after(summary, " ops=");
+    totals->register_calls += number_after(summary, " register_calls=");
+    totals->layout_fixed =
+        (totals->runs == 0 || totals->layout_fixed) && strstr(summary, " layout=fixed") != NULL;
+    totals->runs++;
+}
+
+/* Runs model_random once and expects agreement. */
+static void expect_pass(struct coverage_totals *totals, const char *const *args,
+                        struct run_options options)
+{
+    struct child_result result;
+    run_model(&result, args, options);
+    cr_assert_eq(result.status, 0, "model_random %s %s ... exited %d\nstdout:\n%s\nstderr:\n%s",
+                 args[0], args[1], result.status, result.out, result.err);
+    cr_assert(strstr(result.out, "PASS\n") != NULL, "%s", result.out);
+    add_coverage(totals, result.out);
+    child_result_free(&result);
+}
+
+/* A run that never reached the shim's interesting paths proves little. */
+static void expect_broad_coverage(const struct coverage_totals *totals)
+{
+    cr_expect_gt(totals->register_calls, 0);
+    cr_expect_gt(totals->lock_registering, 0);
+    cr_expect_gt(totals->lock_small, 0);
+    cr_expect_gt(totals->munlock_registered, 0);
+    cr_expect_gt(totals->munmap_registered, 0);
+    cr_expect_gt(totals->map_fixed_registered, 0);
+    cr_expect_gt(totals->free_registered, 0);
+    cr_expect_gt(totals->mremap_moved, 0);
+    cr_expect_gt(totals->mremap_grown, 0);
+    cr_expect_gt(totals->mremap_shrunk, 0);
+    cr_expect_gt(totals->mremap_fixed, 0);
+}
+
+/* Seeds [first, first + count), single-threaded, with extra (NULL-terminated)
+ * arguments after --seed S --ops N. */
+static void run_seeds(unsigned first, unsigned count, const char *ops, const char *const *extra,
+                      struct run_options options, struct coverage_totals *totals)
+{
+    for (unsigned seed = first; seed < first + count; seed++) {
+        char seed_text[32];
+        snprintf(seed_text, sizeof(seed_text), "%u", seed);
+        const char *args[24] = {"--seed", seed_text, "--ops", ops, "--no-shrink"};
+        size_t n = 5;
+        for (size_t i = 0; extra != NULL && extra[i] != NULL && n < 23; i++)
+            args[n++] = extra[i];
+        args[n] = NULL;
+        expect_pass(totals, args, options);
+    }
+}
+
+/* Volume: 50 seeds x 2,000 ops (100,000 operations), without the runtime's
+ * smaps checks (they cost up to a millisecond per register call). */
+#define VOLUME_TEST(name, first)                                                                   \
+    Test(model, name, .timeout = 300)                                                              \
+    {                                                                                              \
+        struct coverage_totals totals = {0};                                                       \
+        run_seeds(first, 10, "2000", NULL, (struct run_options){0}, &totals);                      \
+        cr_assert_eq(totals.ops, 20000);                                                           \
+        expect_broad_coverage(&totals);                                                            \
+    }
+VOLUME_TEST(volume_seeds_1_to_10, 1)
+VOLUME_TEST(volume_seeds_11_to_20, 11)
+VOLUME_TEST(volume_seeds_21_to_30, 21)
+VOLUME_TEST(volume_seeds_31_to_40, 31)
+VOLUME_TEST(volume_seeds_41_to_50, 41)
+
+/* The runtime checks every registration against /proc/self/smaps (mapped,
+ * VmFlags "lo") and records violations; the model checks its own view of the
+ * kernel every 25 ops. 2 x 10 seeds x 1,500 ops. */
+#define CHECKED_TEST(name, first)                                                                  \
+    Test(model, name, .timeout = 300)                                                              \
+    {                                                                                              \
+        struct coverage_totals totals = {0};                                                       \
+        const char *extra[] = {"--kernel-check-every", "25", "--fork-rate", "0.005", NULL};        \
+        run_seeds(first, 10, "1500", extra, (struct run_options){.smaps_checks = true}, &totals);  \
+        expect_broad_coverage(&totals);                                                            \
+        cr_expect_gt(totals.mremap_dontunmap, 0);                                                  \
+        cr_expect_gt(totals.fork_inherited, 0);                                                    \
+    }
+CHECKED_TEST(smaps_checked_seeds_101_to_110, 101)
+CHECKED_TEST(smaps_checked_seeds_111_to_120, 111)
+
+/* Other thresholds: 4K (every page-sized lock registers), the default 64K,
+ * 128K (posix_memalign rounds from 128K, not 64K) and 1 byte. */
+Test(model, other_min_bytes, .timeout = 300)
+{
+    static const char *const settings[] = {"4096", "", "128K", "1"};
+    for (size_t i = 0; i < sizeof(settings) / sizeof(*settings); i++) {
+        struct coverage_totals totals = {0};
+        const char *extra[] = {"--fork-rate", "0.01", NULL};
+        run_seeds(301, 5, "1000", extra,
+                  (struct run_options){.smaps_checks = true, .min_bytes = settings[i]}, &totals);
+        cr_expect_gt(totals.lock_registering, 0, "PINSHIM_MIN_BYTES=%s", settings[i]);
+        cr_expect_gt(totals.munlock_registered, 0, "PINSHIM_MIN_BYTES=%s", settings[i]);
+    }
+}
+
+/* 8 threads on their own objects; at a barrier every 50 ops one thread checks
+ * the whole process (and sometimes calls munlockall or forks). */
+Test(model, eight_threads, .timeout = 300)
+{
+    for (unsigned seed = 7; seed < 10; seed++) {
+        struct coverage_totals totals = {0};
+        char seed_text[16];
+        snprintf(seed_text, sizeof(seed_text), "%u", seed);
+        const char *args[] = {"--seed",          seed_text, "--threads",   "8",     "--ops", "2000",
+                              "--barrier-every", "50",      "--fork-rate", "0.002", NULL};
+        expect_pass(&totals, args, (struct run_options){0});
+        cr_assert_eq(totals.ops, 16000);
+        expect_broad_coverage(&totals);
+    }
+}
+
+Test(model, eight_threads_smaps_checked, .timeout = 300)
+{
+    struct coverage_totals totals = {0};
+    const char *args[] = {"--seed",          "8",  "--threads",   "8",     "--ops", "800",
+                          "--barrier-every", "25", "--fork-rate", "0.004", NULL};
+    expect_pass(&totals, args, (struct run_options){.smaps_checks = true});
+    cr_expect_gt(totals.fork_inherited, 0);
+}
+
+/* Fork-heavy: about one op in 20 forks; each child runs 10-60 ops of its own
+ * and judges them (no registration at all: the parent had loaded the runtime). */
+Test(model, fork_heavy, .timeout = 300)
+{
+    struct coverage_totals totals = {0};
+    const char *extra[] = {"--fork-rate", "0.05", NULL};
+    run_seeds(201, 6, "1000", extra, (struct run_options){.smaps_checks = true}, &totals);
+    cr_expect_gt(totals.fork_inherited, 100);
+    expect_broad_coverage(&totals);
+}
+
+static char *write_temp_file(const char *directory, const char *name, const char *text)
+{
+    char *path = malloc(strlen(directory) + strlen(name) + 2);
+    cr_assert_not_null(path);
+    sprintf(path, "%s/%s", directory, name);
+    FILE *file = fopen(path, "w");
+    cr_assert_not_null(file, "cannot write %s", path);
+    fputs(text, file);
+    fclose(file);
+    return path;
+}
+
+/* A fork before the runtime is loaded: the child may load it and register. */
+Test(model, fork_before_the_runtime_is_loaded, .timeout = 120)
+{
+    char *directory = make_temp_dir();
+    cr_assert_not_null(directory);
+    char *path = write_temp_file(directory, "fork_first.txt",
+                                 "mmap slot=0 len=262144 flags=0\n"
+                                 "mlock slot=0 off=0 len=8192\n"
+                                 "fork seed=11 flags=60\n"
+                                 "fork seed=12 flags=60\n"
+                                 "mlock slot=0 off=4096 len=65536\n"
+                                 "fork seed=13 flags=60\n");
+    struct coverage_totals totals = {0};
+    const char *args[] = {"--replay", path, NULL};
+    expect_pass(&totals, args, (struct run_options){.smaps_checks = true});
+    cr_assert_eq(totals.fork_fresh, 2);
+    cr_assert_eq(totals.fork_inherited, 1);
+    remove_tree(directory);
+    free(directory);
+    free(path);
+}
+
+/* A recorded sequence replays to the same verdict and, with a fixed layout,
+ * along the very same paths. */
+Test(model, record_and_replay, .timeout = 120)
+{
+    char *directory = make_temp_dir();
+    cr_assert_not_null(directory);
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/recorded.txt", directory);
+    struct coverage_totals recorded = {0}, replayed = {0};
+    const char *record[] = {"--seed", "77", "--ops", "800", "--record", path, NULL};
+    expect_pass(&recorded, record, (struct run_options){0});
+    const char *replay[] = {"--replay", path, NULL};
+    expect_pass(&replayed, replay, (struct run_options){0});
+    cr_assert_eq(replayed.ops, 800);
+    /* model_random turns address-space randomisation off where the system lets it. */
+    if (recorded.layout_fixed && replayed.layout_fixed) {
+        cr_assert_eq(replayed.lock_registering, recorded.lock_registering);
+        cr_assert_eq(replayed.lock_small, recorded.lock_small);
+        cr_assert_eq(replayed.mremap_moved, recorded.mremap_moved);
+        cr_assert_eq(replayed.mremap_fixed, recorded.mremap_fixed);
+        cr_assert_eq(replayed.free_registered, recorded.free_registered);
+        cr_assert_eq(replayed.register_calls, recorded.register_calls);
+    }
+    remove_tree(directory);
+    free(directory);
+}
+
+/* The checks can fail: with a deliberately wrong rule (locks below
+ * PINSHIM_MIN_BYTES register) the run must disagree, report the seed and op,
+ * and shrink to a short replayable sequence that fails only with the wrong rule. */
+Test(model, a_wrong_model_is_caught_and_shrunk, .timeout = 300)
+{
+    char *directory = make_temp_dir();
+    cr_assert_not_null(directory);
+    char shrunk[1024];
+    snprintf(shrunk, sizeof(shrunk), "%s/shrunk.txt", directory);
+    struct child_result result;
+    const char *args[] = {
+        "--seed",       "5",    "--ops", "400", "--inject-model-bug", "small-locks-register",
+        "--shrunk-out", shrunk, NULL};
+    run_model(&result, args, (struct run_options){0});
+    cr_assert_eq(result.status, 1, "exit %d\n%s\n%s", result.status, result.out, result.err);
+    cr_assert(strstr(result.out, "FAILURE (model and runtime disagree) seed=5 at op ") != NULL,
+              "%s", result.out);
+    cr_assert(strstr(result.out, "should be registered, is not:") != NULL, "%s", result.out);
+    cr_assert(strstr(result.out, "sequence (") != NULL, "%s", result.out);
+    const char *summary = strstr(result.out, "shortest failing sequence (");
+    cr_assert_not_null(summary, "%s", result.out);
+    unsigned long length = strtoul(summary + strlen("shortest failing sequence ("), NULL, 10);
+    cr_assert(length >= 2 && length <= 3, "shrunk to %lu ops:\n%s", length, result.out);
+    child_result_free(&result);
+
+    const char *with_bug[] = {
+        "--replay", shrunk, "--no-shrink", "--inject-model-bug", "small-locks-register", NULL};
+    run_model(&result, with_bug, (struct run_options){0});
+    cr_assert_eq(result.status, 1, "the shrunk sequence does not fail:\n%s", result.out);
+    child_result_free(&result);
+
+    const char *without_bug[] = {"--replay", shrunk, NULL};
+    run_model(&result, without_bug, (struct run_options){0});
+    cr_assert_eq(result.status, 0, "the shrunk sequence fails with the right model:\n%s",
+                 result.out);
+    child_result_free(&result);
+    remove_tree(directory);
+    free(directory);
+}
+
+/* The per-thread checks of the multi-threaded variant can fail too. */
+Test(model, a_wrong_model_is_caught_with_threads, .timeout = 120)
+{
+    struct child_result result;
+    const char *args[] = {"--seed", "5",   "--threads",          "8",
+                          "--ops",  "300", "--inject-model-bug", "munlock-keeps",
+                          NULL};
+    run_model(&result, args, (struct run_options){0});
+    cr_assert_eq(result.status, 1, "exit %d\n%s", result.status, result.out);
+    cr_assert(strstr(result.out, "FAILED-AT") != NULL, "%s", result.out);
+    child_result_free(&result);
+}
+
+/* Runs a sequence kept in tests/model, checking the kernel view after every op. */
+static void replay_kept_sequence(struct coverage_totals *totals, const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", required_env("MODEL_SOURCE_DIR"), name);
+    const char *args[] = {"--replay", path, "--kernel-check-every", "1", NULL};
+    expect_pass(totals, args, (struct run_options){.smaps_checks = true});
+}
+
+/* Shim bugs the model found, all fixed in the shim (cc650c0, 17e0119,
+ * cae64b4): each file holds the shrunk sequence and says what went wrong.
+ * dontunmaps: how many of its MREMAP_DONTUNMAP calls succeed. */
+#define REGRESSION_TEST(name, dontunmaps)                                                          \
+    Test(model, regression_##name, .timeout = 120)                                                 \
+    {                                                                                              \
+        struct coverage_totals totals = {0};                                                       \
+        replay_kept_sequence(&totals, "regression_" #name ".txt");                                 \
+        cr_assert_eq(totals.mremap_dontunmap, dontunmaps);                                         \
+        cr_assert_gt(totals.register_calls, 0);                                                    \
+    }
+REGRESSION_TEST(dontunmap_partial_vma, 1)
+REGRESSION_TEST(dontunmap_fixed_cut, 1)
+REGRESSION_TEST(dontunmap_several_vmas, 1)
+REGRESSION_TEST(dontunmap_merge, 1)
+REGRESSION_TEST(dontunmap_target_reregistered, 1)
+REGRESSION_TEST(dontunmap_target_failed, 0)
+
+/* The seeds that failed on those bugs before the fixes (each at an
+ * MREMAP_FIXED | MREMAP_DONTUNMAP). A seed replays exactly only with the same
+ * binaries and a fixed layout; the kept sequences above do not depend on either. */
+Test(model, regression_dontunmap_seeds, .timeout = 120)
+{
+    struct coverage_totals totals = {0};
+    const char *extra[] = {"--fork-rate", "0.01", "--kernel-check-every", "10", NULL};
+    run_seeds(3, 1, "2000", extra, (struct run_options){.smaps_checks = true}, &totals);
+    run_seeds(6, 1, "2000", extra, (struct run_options){.smaps_checks = true}, &totals);
+    run_seeds(10, 1, "2000", extra, (struct run_options){.smaps_checks = true}, &totals);
+    run_seeds(17, 1, "2000", NULL, (struct run_options){.smaps_checks = true}, &totals);
+    cr_expect_gt(totals.mremap_dontunmap, 0);
+}
