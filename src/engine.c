@@ -218,11 +218,13 @@ static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr
         uintptr_t conflict_start = 0, conflict_end = 0;
         enum unlock_conflict conflict = find_unlock_conflict_locked(
             engine, unlocks_before, gap_start, gap_end, &conflict_start, &conflict_end);
-        if (conflict == UNLOCK_CONFLICT_UNKNOWN && may_ask_kernel &&
+        if (conflict != UNLOCK_CONFLICT_NONE && may_ask_kernel &&
             engine->backend->locked_parts != NULL) {
-            /* More unlocks came meanwhile than the notes hold: ask the kernel
-             * what is locked now, and register that, checking against the
-             * unlocks that come after this question. */
+            /* An unlock may have touched these pages since the lock (or more
+             * unlocks came than the notes hold, or the unlock was of an older
+             * mapping at these addresses): ask the kernel what is locked now,
+             * and register that, checked against the unlocks that come after
+             * this question. */
             struct kernel_recheck recheck = {engine, engine->unlock_sequence};
             pthread_mutex_unlock(&engine->mutex);
             engine->backend->locked_parts(engine->backend->context, gap_start, gap_end,
