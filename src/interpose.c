@@ -220,19 +220,32 @@ static void settle_after(struct engine_ticket *ticket, bool failed, uintptr_t st
 
 /* ---- allocation ---- */
 
-static void release_allocation(void *ptr, enum release_reason reason, struct engine_ticket *ticket)
+/* Whether the block at ptr may hold a registered page: the allocator's size
+ * for it and one word of the page bitmap, without a lock. The bitmap's 4 KiB
+ * granules subdivide system pages, so the granules the block touches tell. */
+static inline bool block_may_hold_registration(void *ptr, uintptr_t *start, uintptr_t *end)
 {
     size_t usable = __atomic_load_n(&real.malloc_usable_size, __ATOMIC_ACQUIRE)(ptr);
-    uintptr_t start = page_floor((uintptr_t)ptr);
-    uintptr_t end = range_end((uintptr_t)ptr, usable == 0 ? 1 : usable);
-    if (engine_may_overlap(&runtime_engine, start, end))
-        release_before(start, end, reason, ticket);
+    *start = (uintptr_t)ptr;
+    *end = *start + (usable != 0 ? usable : 1);
+    if (*end < *start)
+        *end = UINTPTR_MAX;
+    return page_index_any_used_inline(&runtime_engine.registry.index, *start, *end);
+}
+
+/* Releases the registrations overlapping the block's pages, rounded outward. */
+__attribute__((noinline, cold)) static void release_block(uintptr_t start, uintptr_t end,
+                                                          enum release_reason reason,
+                                                          struct engine_ticket *ticket)
+{
+    release_before(page_floor(start), page_ceil(end), reason, ticket);
 }
 
 __attribute__((noinline)) static void free_with_registrations(void *ptr)
 {
-    if (!runtime_guarded())
-        release_allocation(ptr, RELEASE_FREE, NULL);
+    uintptr_t start, end;
+    if (block_may_hold_registration(ptr, &start, &end) && !runtime_guarded())
+        release_block(start, end, RELEASE_FREE, NULL);
     real_free()(ptr);
 }
 
@@ -268,7 +281,9 @@ static void *realloc_common(void *ptr, size_t nmemb, size_t size, bool is_array)
     }
     struct engine_ticket ticket = {0};
     /* realloc(p, 0) frees p: nothing to put back afterwards. */
-    release_allocation(ptr, RELEASE_REALLOC, total == 0 ? NULL : &ticket);
+    uintptr_t start, end;
+    if (block_may_hold_registration(ptr, &start, &end))
+        release_block(start, end, RELEASE_REALLOC, total == 0 ? NULL : &ticket);
     void *result = is_array && real.reallocarray ? real.reallocarray(ptr, nmemb, size)
                                                  : real.realloc(ptr, total);
     /* A failed realloc leaves the block untouched and its pages locked. */
