@@ -7,6 +7,8 @@
  * Prints PASS/FAIL lines; exits 0 when all pass, 1 when one fails, 2 without
  * a GPU, 3 when not run under the shim. */
 #include <cuda_runtime_api.h>
+
+#include "bench_cuda.h"
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,17 +27,6 @@ static void check(int condition, const char *what, const char *detail)
     printf("%s %s%s%s\n", condition ? "PASS" : "FAIL", what, detail[0] ? ": " : "", detail);
     if (!condition)
         failures++;
-}
-
-static int pointer_type(const void *pointer)
-{
-    struct cudaPointerAttributes attributes;
-    memset(&attributes, 0, sizeof(attributes));
-    if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    return (int)attributes.type;
 }
 
 int main(void)
@@ -75,7 +66,7 @@ int main(void)
     check(locked == 0, "mlock of 64 MiB", locked == 0 ? "" : detail);
     check(is_registered(buffer) == 1 && is_registered(buffer + BUFFER_BYTES - 1) == 1,
           "pinshim_is_registered after mlock", "");
-    int type = pointer_type(buffer);
+    int type = bench_pointer_type(buffer);
     snprintf(detail, sizeof(detail), "type %d", type);
     check(type == 1, "cudaPointerGetAttributes says host (pinned) after mlock", detail);
     error = cudaHostRegister(buffer, BUFFER_BYTES, cudaHostRegisterDefault);
@@ -99,7 +90,7 @@ int main(void)
 
     munlock(buffer, BUFFER_BYTES);
     check(is_registered(buffer) == 0, "pinshim_is_registered is 0 after munlock", "");
-    type = pointer_type(buffer);
+    type = bench_pointer_type(buffer);
     snprintf(detail, sizeof(detail), "type %d", type);
     check(type != 1, "CUDA no longer sees it pinned after munlock", detail);
 

@@ -14,6 +14,8 @@
 #include "bench_util.h"
 
 #include <cuda_runtime_api.h>
+
+#include "bench_cuda.h"
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -104,17 +106,6 @@ failed:
     return ok;
 }
 
-static int pointer_type(const void *pointer)
-{
-    struct cudaPointerAttributes attributes;
-    memset(&attributes, 0, sizeof(attributes));
-    if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    return (int)attributes.type;
-}
-
 static void *aligned_buffer(size_t bytes)
 {
     void *memory = NULL;
@@ -165,7 +156,7 @@ static void run_arm(enum arm arm, size_t bytes, void *device, cudaStream_t strea
         registered = true;
     }
     row->setup_seconds = bench_now_seconds() - began;
-    row->pointer_type = pointer_type(host);
+    row->pointer_type = bench_pointer_type(host);
     int (*is_registered)(const void *) =
         (int (*)(const void *))dlsym(RTLD_DEFAULT, "pinshim_is_registered");
     if (is_registered != NULL)
