@@ -194,9 +194,66 @@ static void register_part_still_locked(void *context, uintptr_t start, uintptr_t
     pthread_mutex_unlock(&recheck->engine->mutex);
 }
 
+/* Reserves [gap_start, gap_end), registers it with the mutex dropped, and
+ * records the outcome. False when the registry has no memory for it. */
+static bool register_one_gap_locked(struct engine *engine, uintptr_t gap_start, uintptr_t gap_end)
+{
+    struct range_registry *registry = &engine->registry;
+    engine->insert_generation++;
+    if (!range_registry_insert(registry, gap_start, gap_end, RANGE_REGISTERING)) {
+        engine->counters.register_failed++;
+        log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",
+                 (unsigned long)gap_start, (unsigned long)(gap_end - gap_start));
+        return false;
+    }
+    publish_record_count(engine);
+    size_t length = gap_end - gap_start;
+
+    pthread_mutex_unlock(&engine->mutex);
+    uint64_t began = now_nanoseconds();
+    int error =
+        engine->backend->register_range(engine->backend->context, (void *)gap_start, length);
+    uint64_t took = now_nanoseconds() - began;
+    pthread_mutex_lock(&engine->mutex);
+
+    struct pinshim_counters *counters = &engine->counters;
+    counters->register_nanoseconds += took;
+    if (error == ENGINE_CUDA_SUCCESS) {
+        range_registry_find(registry, gap_start)->state = RANGE_REGISTERED;
+        counters->register_ok++;
+        counters->register_bytes += length;
+        counters->live_ranges++;
+        counters->live_bytes += length;
+        if (counters->live_bytes > counters->peak_bytes)
+            counters->peak_bytes = counters->live_bytes;
+        log_info("registered %#lx + %lu bytes in %.3f ms", (unsigned long)gap_start,
+                 (unsigned long)length, (double)took / 1e6);
+    } else {
+        range_registry_remove(registry, gap_start);
+        publish_record_count(engine);
+        bool first = note_error(engine, error, engine->warned_register);
+        if (error == ENGINE_CUDA_ALREADY_REGISTERED) {
+            /* The program or its framework registered it: not ours to unregister. */
+            counters->register_already_registered++;
+            log_info("%#lx + %lu bytes are already registered by the program; left alone",
+                     (unsigned long)gap_start, (unsigned long)length);
+        } else {
+            counters->register_failed++;
+            if (first)
+                log_warn("cudaHostRegister(%#lx, %lu) failed: %s (%d); the range stays "
+                         "mlocked only; further %s failures are counted, not logged",
+                         (unsigned long)gap_start, (unsigned long)length, error_name(engine, error),
+                         error, error_name(engine, error));
+        }
+    }
+    pthread_cond_broadcast(&engine->changed);
+    return true;
+}
+
 /* Registers every page of [start, end) that no registration covers, one gap at a
- * time, leaving out pages an unlock noted after unlocks_before touches. Called
- * and returns with the mutex held; drops it around each backend call. */
+ * time. Pages an unlock may have touched since unlocks_before are registered
+ * only where the kernel says they are still locked (may_ask_kernel), else left
+ * out. Called and returns with the mutex held; drops it around backend calls. */
 static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr_t end,
                                  uint64_t unlocks_before, bool may_ask_kernel)
 {
@@ -241,54 +298,8 @@ static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr
             }
             gap_end = conflict_start; /* the rest is looked at next time round */
         }
-        engine->insert_generation++;
-        if (!range_registry_insert(registry, gap_start, gap_end, RANGE_REGISTERING)) {
-            engine->counters.register_failed++;
-            log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",
-                     (unsigned long)gap_start, (unsigned long)(gap_end - gap_start));
+        if (!register_one_gap_locked(engine, gap_start, gap_end))
             break;
-        }
-        publish_record_count(engine);
-        size_t length = gap_end - gap_start;
-
-        pthread_mutex_unlock(&engine->mutex);
-        uint64_t began = now_nanoseconds();
-        int error =
-            engine->backend->register_range(engine->backend->context, (void *)gap_start, length);
-        uint64_t took = now_nanoseconds() - began;
-        pthread_mutex_lock(&engine->mutex);
-
-        struct pinshim_counters *counters = &engine->counters;
-        counters->register_nanoseconds += took;
-        if (error == ENGINE_CUDA_SUCCESS) {
-            range_registry_find(registry, gap_start)->state = RANGE_REGISTERED;
-            counters->register_ok++;
-            counters->register_bytes += length;
-            counters->live_ranges++;
-            counters->live_bytes += length;
-            if (counters->live_bytes > counters->peak_bytes)
-                counters->peak_bytes = counters->live_bytes;
-            log_info("registered %#lx + %lu bytes in %.3f ms", (unsigned long)gap_start,
-                     (unsigned long)length, (double)took / 1e6);
-        } else {
-            range_registry_remove(registry, gap_start);
-            publish_record_count(engine);
-            bool first = note_error(engine, error, engine->warned_register);
-            if (error == ENGINE_CUDA_ALREADY_REGISTERED) {
-                /* The program or its framework registered it: not ours to unregister. */
-                counters->register_already_registered++;
-                log_info("%#lx + %lu bytes are already registered by the program; left alone",
-                         (unsigned long)gap_start, (unsigned long)length);
-            } else {
-                counters->register_failed++;
-                if (first)
-                    log_warn("cudaHostRegister(%#lx, %lu) failed: %s (%d); the range stays "
-                             "mlocked only; further %s failures are counted, not logged",
-                             (unsigned long)gap_start, (unsigned long)length,
-                             error_name(engine, error), error, error_name(engine, error));
-            }
-        }
-        pthread_cond_broadcast(&engine->changed);
         cursor = gap_end;
     }
 }
