@@ -64,6 +64,28 @@ class HelpAndVersion(unittest.TestCase):
         self.assertEqual(result.stdout, f"pinshim {os.environ['PINSHIM_VERSION']}\n")
 
 
+class SourceCheckoutWrapper(unittest.TestCase):
+    """scripts/pinshim runs the built command from a source checkout."""
+
+    def test_wrapper_runs_the_built_command(self):
+        wrapper = os.path.join(os.environ["SOURCE_SCRIPTS"], "pinshim")
+        environment = clean_environment(BUILD_DIR=os.environ["BUILD_ROOT"])
+        result = subprocess.run([wrapper, "--print-env", "--stats"], env=environment,
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"LD_PRELOAD={LIBRARY}", result.stdout.splitlines())
+        self.assertIn("PINSHIM_STATS=1", result.stdout.splitlines())
+
+    def test_wrapper_says_what_to_build(self):
+        wrapper = os.path.join(os.environ["SOURCE_SCRIPTS"], "pinshim")
+        with tempfile.TemporaryDirectory() as empty:
+            result = subprocess.run([wrapper, "--version"],
+                                    env=clean_environment(BUILD_DIR=empty),
+                                    capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 127)
+        self.assertIn("is not built yet", result.stderr)
+
+
 class PrintEnv(unittest.TestCase):
     def parse(self, stdout):
         return [tuple(line.split("=", 1)) for line in stdout.splitlines()]
