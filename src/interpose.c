@@ -5,6 +5,8 @@
 /* Define mmap and mmap64 as two symbols: no off_t redirection here. */
 #undef _FILE_OFFSET_BITS
 
+#include "block_extent.h"
+#include "log.h"
 #include "memory_map.h"
 #include "runtime.h"
 
@@ -220,16 +222,27 @@ static void settle_after(struct engine_ticket *ticket, bool failed, uintptr_t st
 
 /* ---- allocation ---- */
 
-/* Whether the block at ptr may hold a registered page: the allocator's size
- * for it and one word of the page bitmap, without a lock. The bitmap's 4 KiB
- * granules subdivide system pages, so the granules the block touches tell. */
+/* Where the block at ptr ends: from glibc's chunk header when the load-time
+ * checks allowed it, else from the allocator. Never below ptr + 1. */
+static inline uintptr_t block_end(void *ptr)
+{
+    uintptr_t start = (uintptr_t)ptr;
+    if (__builtin_expect(runtime_block_extent_source == BLOCK_EXTENT_GLIBC_HEADER, 1)) {
+        uintptr_t end = block_extent_glibc_end(ptr);
+        return end > start ? end : start + 1;
+    }
+    size_t usable = __atomic_load_n(&real.malloc_usable_size, __ATOMIC_ACQUIRE)(ptr);
+    uintptr_t end = start + (usable != 0 ? usable : 1);
+    return end > start ? end : UINTPTR_MAX;
+}
+
+/* Whether the block at ptr may hold a registered page: its extent and one
+ * word of the page bitmap, without a lock. The bitmap's 4 KiB granules
+ * subdivide system pages, so the granules the block touches tell. */
 static inline bool block_may_hold_registration(void *ptr, uintptr_t *start, uintptr_t *end)
 {
-    size_t usable = __atomic_load_n(&real.malloc_usable_size, __ATOMIC_ACQUIRE)(ptr);
     *start = (uintptr_t)ptr;
-    *end = *start + (usable != 0 ? usable : 1);
-    if (*end < *start)
-        *end = UINTPTR_MAX;
+    *end = block_end(ptr);
     return page_index_any_used_inline(&runtime_engine.registry.index, *start, *end);
 }
 
@@ -249,19 +262,38 @@ __attribute__((noinline)) static void free_with_registrations(void *ptr)
     real_free()(ptr);
 }
 
+/* With registrations, on glibc's allocator: the chunk header and one word of
+ * the bitmap clear nearly every block without a call. */
+__attribute__((noinline)) static void free_while_registered(void *ptr)
+{
+    if (__builtin_expect(runtime_block_extent_source == BLOCK_EXTENT_GLIBC_HEADER, 1)) {
+        uintptr_t start = (uintptr_t)ptr, end = block_extent_glibc_end(ptr);
+        if (__builtin_expect(end > start, 1) &&
+            !page_index_any_used_inline(&runtime_engine.registry.index, start, end)) {
+            real_free()(ptr);
+            return;
+        }
+    }
+    free_with_registrations(ptr);
+}
+
 PINSHIM_EXPORT void free(void *ptr)
 {
-    /* The hot path: one load decides that no registration can be involved. */
+    /* The hot path: one load decides that no registration can be involved;
+     * both ways end in a tail call, so free keeps no stack frame. */
     if (__builtin_expect(!engine_has_registrations(&runtime_engine), 1) || ptr == NULL) {
         real_free()(ptr);
         return;
     }
-    free_with_registrations(ptr);
+    free_while_registered(ptr);
 }
 
 static void *realloc_common(void *ptr, size_t nmemb, size_t size, bool is_array)
 {
     ensure_resolved();
+    if (__builtin_expect(!engine_has_registrations(&runtime_engine), 1) && !is_array &&
+        real.realloc != NULL && !resolving)
+        return real.realloc(ptr, size);
     size_t total;
     bool overflow = __builtin_mul_overflow(nmemb, size, &total);
     if (resolving || real.realloc == NULL) {
@@ -311,7 +343,7 @@ PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
         *memptr = memory;
         return 0;
     }
-    if (runtime_guarded())
+    if (size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD || runtime_guarded())
         return real.posix_memalign(memptr, alignment, size);
     /* Large buffers get whole pages so a later lock shares no page with a
      * neighbour. Invalid alignments pass unchanged so the real call rejects them. */
@@ -324,6 +356,31 @@ PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
             return real.posix_memalign(memptr, alignment < page ? page : alignment, rounded);
     }
     return real.posix_memalign(memptr, alignment, size);
+}
+
+/* Picks where free learns a block's end, before the program's main runs:
+ * the checks allocate, which is safe here and not on every path later. */
+__attribute__((constructor)) static void choose_block_extent_source(void)
+{
+    ensure_resolved();
+    if (runtime_rounding_threshold() == SIZE_MAX || real.posix_memalign == NULL ||
+        real.malloc_usable_size == bootstrap_usable_size || real.free == bootstrap_free)
+        return; /* registration is off: nothing to look up on free */
+    if (runtime_config.block_size_from_allocator) {
+        log_debug("free finds block ends with malloc_usable_size (PINSHIM_BLOCK_SIZE=allocator)");
+        return;
+    }
+    struct block_extent_allocator allocator = {
+        .malloc = malloc,
+        .posix_memalign = real.posix_memalign,
+        .free = real.free,
+        .usable_size = real.malloc_usable_size,
+    };
+    runtime_guard_enter();
+    enum block_extent_source source = block_extent_choose(&allocator);
+    runtime_guard_leave();
+    __atomic_store_n(&runtime_block_extent_source, (int)source, __ATOMIC_RELAXED);
+    log_debug("free finds block ends with %s", block_extent_source_name(source));
 }
 
 /* ---- locking ---- */

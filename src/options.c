@@ -190,6 +190,17 @@ static bool parse_log(const char *value, struct pinshim_config *cfg, char *why, 
     return false;
 }
 
+static bool parse_block_size(const char *value, struct pinshim_config *cfg, char *why,
+                             size_t why_size)
+{
+    if (strcasecmp(value, "auto") == 0 || strcasecmp(value, "allocator") == 0) {
+        cfg->block_size_from_allocator = strcasecmp(value, "allocator") == 0;
+        return true;
+    }
+    copy_text(why, why_size, "unknown source");
+    return false;
+}
+
 const struct option_spec option_table[OPT_COUNT] = {
     {OPT_REGISTER, "PINSHIM_REGISTER", "no-register", NULL, "1/true/yes/on, 0/false/no/off", "on",
      "Whether locked ranges are registered with CUDA; off (--no-register) keeps mlock only and "
@@ -214,6 +225,10 @@ const struct option_spec option_table[OPT_COUNT] = {
      parse_stats},
     {OPT_LOG, "PINSHIM_LOG", "log", "LEVEL", "quiet, warn, info, debug", "warn",
      "What is logged on stderr; info logs every registration with its size and time.", parse_log},
+    {OPT_BLOCK_SIZE, "PINSHIM_BLOCK_SIZE", "block-size", "SOURCE", "auto, allocator", "auto",
+     "How free learns a block's size while ranges are registered: auto reads glibc's chunk "
+     "header when checks at load show it is safe, allocator always calls malloc_usable_size.",
+     parse_block_size},
 };
 
 void config_set_defaults(struct pinshim_config *cfg)
@@ -308,6 +323,9 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
         break;
     case OPT_LOG:
         copy_text(out, out_size, log_level_names[cfg->log_level]);
+        break;
+    case OPT_BLOCK_SIZE:
+        copy_text(out, out_size, cfg->block_size_from_allocator ? "allocator" : "auto");
         break;
     case OPT_COUNT:
         copy_text(out, out_size, "");

@@ -21,6 +21,7 @@ struct pinshim_config {
     enum stats_mode stats_mode;
     char stats_path[CONFIG_PATH_MAX]; /* template with %p %h %%, for STATS_JSON */
     enum log_level log_level;
+    bool block_size_from_allocator; /* free always asks malloc_usable_size */
 };
 
 enum option_id {
@@ -30,6 +31,7 @@ enum option_id {
     OPT_CUDART,
     OPT_STATS,
     OPT_LOG,
+    OPT_BLOCK_SIZE,
     OPT_COUNT
 };
 

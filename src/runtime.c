@@ -1,5 +1,6 @@
 #include "runtime.h"
 
+#include "block_extent.h"
 #include "cuda_loader.h"
 #include "log.h"
 #include "memory_map.h"
@@ -23,6 +24,7 @@ __thread int runtime_guard_depth __attribute__((tls_model("initial-exec")));
 struct engine runtime_engine;
 struct pinshim_config runtime_config;
 uintptr_t runtime_page_size = 4096;
+int runtime_block_extent_source = BLOCK_EXTENT_ALLOCATOR_CALL;
 
 enum init_state { INIT_NONE = 0, INIT_RUNNING, INIT_DONE };
 static int init_state;
@@ -240,7 +242,9 @@ size_t runtime_rounding_threshold(void)
     runtime_ensure_initialized();
     if (!runtime_config.register_enabled || !runtime_engine.registry_ok)
         return SIZE_MAX;
-    uint64_t threshold = runtime_config.min_bytes < 65536 ? 65536 : runtime_config.min_bytes;
+    uint64_t threshold = runtime_config.min_bytes < RUNTIME_SMALLEST_ROUNDING_THRESHOLD
+                             ? RUNTIME_SMALLEST_ROUNDING_THRESHOLD
+                             : runtime_config.min_bytes;
     return threshold > SIZE_MAX ? SIZE_MAX : (size_t)threshold;
 }
 
@@ -276,6 +280,8 @@ static void fill_report(struct stats_report *report)
     report->live_ranges_at_exit = runtime_engine.live_ranges_at_exit;
     report->live_bytes_at_exit = runtime_engine.live_bytes_at_exit;
     report->fork_child = is_fork_child;
+    report->block_size_source = block_extent_source_name(
+        (enum block_extent_source)__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED));
     struct engine_error_count errors[STATS_MAX_ERRORS];
     size_t count = engine_get_errors(&runtime_engine, errors, STATS_MAX_ERRORS);
     for (size_t i = 0; i < count; i++) {

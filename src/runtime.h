@@ -30,6 +30,9 @@ static inline void runtime_guard_leave(void)
 }
 
 extern struct engine runtime_engine;
+/* Where free and realloc learn a block's end (enum block_extent_source); set
+ * once at load by the interposition layer, read on the hot path. */
+extern int runtime_block_extent_source;
 extern struct pinshim_config runtime_config;
 extern uintptr_t runtime_page_size;
 
@@ -38,7 +41,8 @@ void runtime_ensure_initialized(void);
 bool runtime_is_initialized(void);
 
 /* The smallest posix_memalign size that gets page rounding, or SIZE_MAX when
- * registration is off. */
+ * registration is off; never below RUNTIME_SMALLEST_ROUNDING_THRESHOLD. */
+#define RUNTIME_SMALLEST_ROUNDING_THRESHOLD ((size_t)65536)
 size_t runtime_rounding_threshold(void);
 
 /* Logs the first mlockall at info level. */

@@ -112,6 +112,10 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_text(&out, ", \"exe\": ");
     out_json_string(&out, report->exe);
     out_format(&out, ", \"fork_child\": %s", report->fork_child ? "true" : "false");
+    if (report->block_size_source != NULL) {
+        out_text(&out, ", \"block_size_source\": ");
+        out_json_string(&out, report->block_size_source);
+    }
 
     out_text(&out, ",\n \"config\": {");
     for (int i = 0; i < OPT_COUNT; i++) {

@@ -31,6 +31,7 @@ struct stats_report {
     uint64_t live_ranges_at_exit;
     uint64_t live_bytes_at_exit;
     bool fork_child;
+    const char *block_size_source; /* how free learned block sizes; NULL: not reported */
     size_t error_count;
     struct {
         const char *name;

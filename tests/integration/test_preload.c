@@ -50,7 +50,8 @@ static void run_scenario(struct run *run, const char *scenario, const char *cons
                               "PINSHIM_LOG=",
                               "PINSHIM_MIN_BYTES=",
                               "PINSHIM_REGISTER=",
-                              "PINSHIM_FLAGS="};
+                              "PINSHIM_FLAGS=",
+                              "PINSHIM_BLOCK_SIZE="};
     /* A setting replaces the default of the same name. */
     const char *environment[32];
     size_t count = 0;
@@ -140,12 +141,31 @@ static const char *const scenario_names[] = {"basic",
                                              "fork",
                                              "threads"};
 
+/* Both ways free learns a block's size: glibc's chunk header (what auto picks
+ * with glibc's allocator) and malloc_usable_size. */
+static const struct {
+    const char *setting;
+    const char *source;
+} block_size_sources[] = {{"PINSHIM_BLOCK_SIZE=auto", "glibc-header"},
+                          {"PINSHIM_BLOCK_SIZE=allocator", "malloc_usable_size"}};
+
+static void expect_block_size_source(const struct run *run, const char *source)
+{
+    char used[64] = "";
+    cr_assert(json_lite_get_string(run->stats, "block_size_source", used, sizeof(used)), "%s",
+              run->stats);
+    cr_assert_str_eq(used, source);
+}
+
 Test(preload, every_scenario_keeps_the_invariant, .timeout = 240)
 {
-    for (size_t i = 0; i < sizeof(scenario_names) / sizeof(*scenario_names); i++) {
+    for (size_t k = 0; k < 2 * sizeof(scenario_names) / sizeof(*scenario_names); k++) {
+        size_t i = k / 2;
+        const char *settings[] = {block_size_sources[k % 2].setting, NULL};
         struct run run;
-        run_scenario(&run, scenario_names[i], NULL);
+        run_scenario(&run, scenario_names[i], settings);
         expect_passed(&run, scenario_names[i]);
+        expect_block_size_source(&run, block_size_sources[k % 2].source);
         if (run.have_log)
             expect_clean_runtime(&run);
         else /* the runtime was never loaded: nothing reached PINSHIM_MIN_BYTES */

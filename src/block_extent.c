@@ -1,0 +1,99 @@
+/* Block extent: the checks that decide whether glibc's chunk header may stand
+ * in for malloc_usable_size (see block_extent.h). */
+#include "block_extent.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <string.h>
+
+static bool in_libc(void *symbol, const void **base)
+{
+    Dl_info info;
+    if (symbol == NULL || dladdr(symbol, &info) == 0 || info.dli_fname == NULL)
+        return false;
+    const char *name = strrchr(info.dli_fname, '/');
+    name = name != NULL ? name + 1 : info.dli_fname;
+    if (strncmp(name, "libc.so", 7) != 0)
+        return false;
+    if (*base != NULL && *base != info.dli_fbase)
+        return false;
+    *base = info.dli_fbase;
+    return true;
+}
+
+/* valgrind's memcheck, helgrind, drd, massif and dhat replace malloc by
+ * redirecting glibc's own entry points, so the symbols still point into libc
+ * while the blocks are valgrind's. Each loads its vgpreload_<tool> object;
+ * vgpreload_core alone (callgrind, cachegrind) leaves glibc's malloc in place. */
+static int find_redirecting_tool(struct dl_phdr_info *info, size_t size, void *found)
+{
+    (void)size;
+    const char *tool = info->dlpi_name != NULL ? strstr(info->dlpi_name, "vgpreload_") : NULL;
+    if (tool != NULL && strncmp(tool, "vgpreload_core", 14) != 0) {
+        *(bool *)found = true;
+        return 1;
+    }
+    return 0;
+}
+
+bool block_extent_allocator_is_glibc(void)
+{
+    /* What hands out the blocks the program frees: first in the global scope
+     * (the shim exports none of these). A non-PIE program's canonical PLT entry
+     * is not libc's and fails the check: the call stays, nothing breaks. */
+    static const char *const allocating[] = {"malloc",   "calloc", "aligned_alloc",
+                                             "memalign", "valloc", "malloc_usable_size"};
+    /* What the shim forwards to: the next definitions after it. */
+    static const char *const forwarded[] = {"free", "realloc", "posix_memalign",
+                                            "malloc_usable_size"};
+    const void *base = NULL;
+    for (size_t i = 0; i < sizeof(allocating) / sizeof(allocating[0]); i++)
+        if (!in_libc(dlsym(RTLD_DEFAULT, allocating[i]), &base))
+            return false;
+    for (size_t i = 0; i < sizeof(forwarded) / sizeof(forwarded[0]); i++)
+        if (!in_libc(dlsym(RTLD_NEXT, forwarded[i]), &base))
+            return false;
+    bool tool = false;
+    dl_iterate_phdr(find_redirecting_tool, &tool);
+    return !tool;
+}
+
+bool block_extent_glibc_header_agrees(const struct block_extent_allocator *allocator)
+{
+    /* Small and large bins, and one mmapped chunk: above glibc's largest dynamic
+     * mmap threshold (32 MiB), so freeing it does not move the threshold and
+     * the program's heap behaves as it would without the check. */
+    static const size_t sizes[] = {1,    8,    24,    25,    100,    1000,
+                                   4000, 4096, 10000, 65536, 100000, 40u << 20};
+    bool agrees = true;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && agrees; i++) {
+        for (int aligned = 0; aligned < 2 && agrees; aligned++) {
+            void *block = NULL;
+            if (aligned) {
+                if (allocator->posix_memalign(&block, 4096, sizes[i]) != 0)
+                    block = NULL;
+            } else {
+                block = allocator->malloc(sizes[i]);
+            }
+            if (block == NULL)
+                return false;
+            size_t usable = allocator->usable_size(block);
+            agrees =
+                usable >= sizes[i] && block_extent_glibc_end(block) == (uintptr_t)block + usable;
+            allocator->free(block);
+        }
+    }
+    return agrees;
+}
+
+enum block_extent_source block_extent_choose(const struct block_extent_allocator *allocator)
+{
+    if (block_extent_allocator_is_glibc() && block_extent_glibc_header_agrees(allocator))
+        return BLOCK_EXTENT_GLIBC_HEADER;
+    return BLOCK_EXTENT_ALLOCATOR_CALL;
+}
+
+const char *block_extent_source_name(enum block_extent_source source)
+{
+    return source == BLOCK_EXTENT_GLIBC_HEADER ? "glibc-header" : "malloc_usable_size";
+}

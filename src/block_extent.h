@@ -1,0 +1,58 @@
+/* Block extent: where a heap block handed to free or realloc ends, so the
+ * shim can tell whether the block holds a registered page.
+ *
+ * The portable answer asks the allocator (malloc_usable_size): a call, and
+ * glibc's version also reads the next chunk's header. When the allocator is
+ * glibc's own, the size word glibc keeps just before every block gives the
+ * same answer in one load. That source is used only after checks at load
+ * showed the allocator is glibc's and the size word agrees with
+ * malloc_usable_size on blocks of many sizes; anything else keeps the call. */
+#ifndef PINSHIM_BLOCK_EXTENT_H
+#define PINSHIM_BLOCK_EXTENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum block_extent_source {
+    BLOCK_EXTENT_ALLOCATOR_CALL = 0, /* malloc_usable_size */
+    BLOCK_EXTENT_GLIBC_HEADER = 1,   /* glibc's chunk size word */
+};
+
+/* The allocator functions the checks use; the shim passes the real ones. */
+struct block_extent_allocator {
+    void *(*malloc)(size_t);
+    int (*posix_memalign)(void **, size_t, size_t);
+    void (*free)(void *);
+    size_t (*usable_size)(void *);
+};
+
+/* glibc's chunk layout (malloc/malloc.c): the word before the block holds the
+ * chunk size with three flag bits; bit 1 marks an mmapped chunk. The block
+ * ends one word (the next chunk's prev_size, lent to this block) or, when
+ * mmapped, two words before the chunk's end. Valid for live glibc blocks only. */
+static inline uintptr_t block_extent_glibc_end(const void *ptr)
+{
+    size_t header = ((const size_t *)ptr)[-1];
+    size_t chunk = header & ~(size_t)7;
+    size_t lent = sizeof(size_t) + (header & 2) * (sizeof(size_t) / 2);
+    return (uintptr_t)ptr + chunk - lent;
+}
+
+/* Whether the allocation functions the program sees (first in the global
+ * scope) and the free, realloc, posix_memalign and malloc_usable_size the
+ * shim forwards to (the next after it) are all glibc's, and no loaded tool
+ * (valgrind) redirects them. */
+bool block_extent_allocator_is_glibc(void);
+
+/* Whether block_extent_glibc_end agrees with usable_size on blocks of sizes
+ * from 1 byte to 4 MiB, plain and page-aligned, allocated and freed through
+ * allocator. Call only when the allocator is glibc's. */
+bool block_extent_glibc_header_agrees(const struct block_extent_allocator *allocator);
+
+/* The source that both checks allow: the header when they pass, else the call. */
+enum block_extent_source block_extent_choose(const struct block_extent_allocator *allocator);
+
+const char *block_extent_source_name(enum block_extent_source source);
+
+#endif

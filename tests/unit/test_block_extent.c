@@ -1,0 +1,145 @@
+/* Block extent: glibc's chunk header as the source of a block's end, and the
+ * checks that decide when the shim may use it. */
+#include "block_extent.h"
+
+#include <criterion/criterion.h>
+
+#include <malloc.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+/* The sanitizers bring their own allocator: glibc's header is not there. */
+static void skip_unless_glibc_allocator(void)
+{
+    if (SANITIZED)
+        cr_skip_test("the sanitizer's allocator replaces glibc's");
+}
+
+static void expect_header_end(void *block, const char *what, size_t size)
+{
+    cr_assert_not_null(block, "%s %zu", what, size);
+    uintptr_t expected = (uintptr_t)block + malloc_usable_size(block);
+    cr_assert_eq(block_extent_glibc_end(block), expected,
+                 "%s of %zu: header says %#lx, "
+                 "malloc_usable_size %#lx",
+                 what, size, (unsigned long)block_extent_glibc_end(block), (unsigned long)expected);
+}
+
+Test(block_extent, glibc_header_gives_the_usable_end_of_every_kind_of_block)
+{
+    skip_unless_glibc_allocator();
+    uint64_t state = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < 3000; i++) {
+        state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+        /* Mostly small, some past the mmap threshold (128 KiB by default). */
+        size_t size = 1 + (size_t)(state % (i % 10 == 0 ? 600000 : 5000));
+        void *plain = malloc(size);
+        expect_header_end(plain, "malloc", size);
+        void *zeroed = calloc(1, size);
+        expect_header_end(zeroed, "calloc", size);
+        void *aligned = NULL;
+        cr_assert_eq(posix_memalign(&aligned, (size_t)64 << (state % 7), size), 0);
+        expect_header_end(aligned, "posix_memalign", size);
+        void *grown = realloc(plain, size * 2);
+        expect_header_end(grown, "realloc", size * 2);
+        free(grown);
+        free(zeroed);
+        free(aligned);
+    }
+    void *huge = malloc((size_t)40 << 20); /* always mmapped */
+    expect_header_end(huge, "malloc", (size_t)40 << 20);
+    free(huge);
+}
+
+Test(block_extent, this_test_runs_on_glibc_allocator_unless_sanitized)
+{
+    cr_assert_eq(block_extent_allocator_is_glibc(), !SANITIZED);
+}
+
+/* The allocator the checks are handed: glibc's through wrappers, optionally
+ * with a usable size that lies or a malloc that fails. */
+static size_t usable_lie;
+static int malloc_fails_after = -1;
+
+static void *test_malloc(size_t size)
+{
+    if (malloc_fails_after == 0)
+        return NULL;
+    if (malloc_fails_after > 0)
+        malloc_fails_after--;
+    return malloc(size);
+}
+static int test_posix_memalign(void **out, size_t alignment, size_t size)
+{
+    return posix_memalign(out, alignment, size);
+}
+static void test_free(void *block)
+{
+    free(block);
+}
+static size_t test_usable_size(void *block)
+{
+    return malloc_usable_size(block) + usable_lie;
+}
+
+static const struct block_extent_allocator test_allocator = {
+    .malloc = test_malloc,
+    .posix_memalign = test_posix_memalign,
+    .free = test_free,
+    .usable_size = test_usable_size,
+};
+
+static void reset_allocator(void)
+{
+    usable_lie = 0;
+    malloc_fails_after = -1;
+}
+
+TestSuite(block_extent_checks, .init = reset_allocator);
+
+Test(block_extent_checks, header_agrees_with_glibc)
+{
+    skip_unless_glibc_allocator();
+    cr_assert(block_extent_glibc_header_agrees(&test_allocator));
+    cr_assert_eq(block_extent_choose(&test_allocator), BLOCK_EXTENT_GLIBC_HEADER);
+}
+
+Test(block_extent_checks, a_usable_size_the_header_does_not_give_keeps_the_call)
+{
+    skip_unless_glibc_allocator();
+    usable_lie = 16;
+    cr_assert_not(block_extent_glibc_header_agrees(&test_allocator));
+    cr_assert_eq(block_extent_choose(&test_allocator), BLOCK_EXTENT_ALLOCATOR_CALL);
+}
+
+Test(block_extent_checks, a_failing_allocation_keeps_the_call)
+{
+    skip_unless_glibc_allocator();
+    malloc_fails_after = 3;
+    cr_assert_not(block_extent_glibc_header_agrees(&test_allocator));
+    cr_assert_eq(block_extent_choose(&test_allocator), BLOCK_EXTENT_ALLOCATOR_CALL);
+}
+
+Test(block_extent_checks, sanitized_allocators_keep_the_call)
+{
+    if (!SANITIZED)
+        cr_skip_test("glibc's allocator is in use");
+    cr_assert_eq(block_extent_choose(&test_allocator), BLOCK_EXTENT_ALLOCATOR_CALL);
+}
+
+Test(block_extent, source_names)
+{
+    cr_assert_str_eq(block_extent_source_name(BLOCK_EXTENT_GLIBC_HEADER), "glibc-header");
+    cr_assert_str_eq(block_extent_source_name(BLOCK_EXTENT_ALLOCATOR_CALL), "malloc_usable_size");
+}
