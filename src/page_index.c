@@ -90,8 +90,8 @@ static void leaf_update(struct page_index_leaf *leaf, int map, uintptr_t first,
         unsigned bit = (unsigned)(offset % 64);
         unsigned width = 64 - bit < count ? 64 - bit : (unsigned)count;
         uint64_t mask = (width == 64 ? ~(uint64_t)0 : (((uint64_t)1 << width) - 1)) << bit;
-        uint64_t old = __atomic_load_n(&leaf->words[map][word], __ATOMIC_RELAXED);
-        __atomic_store_n(&leaf->words[map][word], set ? (old | mask) : (old & ~mask),
+        uint64_t old = __atomic_load_n(&leaf->words[word][map], __ATOMIC_RELAXED);
+        __atomic_store_n(&leaf->words[word][map], set ? (old | mask) : (old & ~mask),
                          __ATOMIC_RELAXED);
         offset += width;
         count -= width;
@@ -151,7 +151,7 @@ bool page_index_find_next(const struct page_index *index, enum page_index_map ma
             continue;
         }
         uintptr_t offset = g & (LEAF_GRANULES - 1);
-        uint64_t word = __atomic_load_n(&leaf->words[map][offset / 64], __ATOMIC_RELAXED);
+        uint64_t word = __atomic_load_n(&leaf->words[offset / 64][map], __ATOMIC_RELAXED);
         if (!want_set)
             word = ~word;
         word &= ~(uint64_t)0 << (offset % 64);
@@ -194,9 +194,9 @@ bool page_index_find_base_at_or_before(const struct page_index *index, uintptr_t
         unsigned bit = (unsigned)(offset % 64);
         uint64_t keep = bit == 63 ? ~(uint64_t)0 : (((uint64_t)1 << (bit + 1)) - 1);
         uint64_t bases =
-            __atomic_load_n(&leaf->words[PAGE_INDEX_BASE][offset / 64], __ATOMIC_RELAXED) & keep;
+            __atomic_load_n(&leaf->words[offset / 64][PAGE_INDEX_BASE], __ATOMIC_RELAXED) & keep;
         uint64_t used =
-            __atomic_load_n(&leaf->words[PAGE_INDEX_USED][offset / 64], __ATOMIC_RELAXED) & keep;
+            __atomic_load_n(&leaf->words[offset / 64][PAGE_INDEX_USED], __ATOMIC_RELAXED) & keep;
         /* Every page from the base up to addr must be covered: a gap means addr
          * lies outside any registration. */
         if (bases != 0) {

@@ -29,7 +29,9 @@
 enum page_index_map { PAGE_INDEX_USED = 0, PAGE_INDEX_BASE = 1 };
 
 struct page_index_leaf {
-    uint64_t words[2][(1u << PAGE_INDEX_LEAF_BITS) / 64]; /* [used|base][...] */
+    /* [...][used|base]: a granule's two words share a cache line, so a lock or
+     * unlock touches one line of the leaf where it touched two. */
+    uint64_t words[(1u << PAGE_INDEX_LEAF_BITS) / 64][2];
 };
 
 struct page_index_mid {
@@ -75,7 +77,7 @@ static inline bool page_index_any_used_inline(const struct page_index *index, ui
     if (leaf == NULL)
         return false;
     uint64_t word = __atomic_load_n(
-        &leaf->words[PAGE_INDEX_USED][(first & ((1u << PAGE_INDEX_LEAF_BITS) - 1)) / 64],
+        &leaf->words[(first & ((1u << PAGE_INDEX_LEAF_BITS) - 1)) / 64][PAGE_INDEX_USED],
         __ATOMIC_RELAXED);
     uint64_t mask = (~(uint64_t)0 >> (63 - (last & 63))) & (~(uint64_t)0 << (first & 63));
     return (word & mask) != 0;
