@@ -5,11 +5,14 @@
  *       1 and 2 threads) with no lock, and with 10,000 live registered ranges;
  *   (b) the shim's own bookkeeping per mlock+munlock pair of a registered range
  *       as the number of live ranges grows from 1 to 1,000,000;
- *   (c) whole programs: python3 running an allocation-heavy script, and sort.
+ *   (c) whole programs: python3 running an allocation-heavy script, and sort;
+ *   (p) the workload of (a) with and without the shim inside one process, in
+ *       short paired blocks, for a precision that separate processes lack.
  *
  * The program re-executes itself (hidden --child modes) for every arm, so the
  * "with" arm runs under the shim and the "without" arm does not; the runs of
  * the two arms alternate so slow drifts of a shared machine hit both alike.
+ * (p) runs under the shim and calls either the shim's functions or libc's own.
  * Registrations go to the fake CUDA runtime (PINSHIM_CUDART=libfake_cudart.so,
  * FAKE_CUDART_CHECK=0), so the figures are the shim's price, not CUDA's. */
 #include "bench_util.h"
@@ -20,6 +23,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,7 +45,8 @@
 #define LIVE_BUFFER_BYTES (64u * 1024u) /* one pinned staging buffer of the (a) arm */
 #define MAX_ROUNDS 64
 #define MAX_SIZES 16
-#define BLOCK_PAIRS 50 /* pairs per interleaved block in (b) */
+#define BLOCK_PAIRS 50         /* pairs per interleaved block in (b) */
+#define MAX_PAIRED_BLOCKS 1000 /* ABBA pairs per thread count in (p) */
 
 static const size_t default_live_sizes[] = {1, 10, 100, 1000, 10000, 100000, 1000000};
 
@@ -51,10 +56,12 @@ struct options {
     const char *shim;
     const char *fake;
     const char *python;
-    const char *parts; /* which of a, b, c to run */
-    int rounds;        /* alternating with/without runs of (a) and (c) */
-    size_t alloc_ops;  /* per thread and repetition in (a) */
-    int alloc_reps;    /* repetitions inside one process; the fastest counts */
+    const char *parts;    /* which of a, b, c, i, p to run */
+    int rounds;           /* alternating with/without runs of (a) and (c) */
+    size_t alloc_ops;     /* per thread and repetition in (a) */
+    int alloc_reps;       /* repetitions inside one process; the fastest counts */
+    size_t paired_ops;    /* per thread and block in (p) */
+    size_t paired_blocks; /* with/without pairs per thread count in (p) */
     size_t live_ranges_a;
     size_t pairs; /* mlock/munlock pairs per round in (b) */
     int pair_rounds;
@@ -69,7 +76,22 @@ struct options {
 
 #define WORKLOAD_SLOTS 4096
 
+/* The allocator the workload calls. The process-level arms use the global
+ * symbols (under LD_PRELOAD, the shim's free, realloc and posix_memalign, and
+ * libc's malloc in both arms); the paired part (p) switches between the shim's
+ * functions and libc's own ones inside one process. */
+struct alloc_api {
+    void *(*malloc)(size_t);
+    void (*free)(void *);
+    void *(*realloc)(void *, size_t);
+    int (*posix_memalign)(void **, size_t, size_t);
+};
+
+static const struct alloc_api global_api = {
+    .malloc = &malloc, .free = &free, .realloc = &realloc, .posix_memalign = &posix_memalign};
+
 struct worker {
+    const struct alloc_api *api;
     uint64_t seed;
     size_t ops;
     double cpu_seconds;
@@ -91,7 +113,7 @@ static inline uint64_t next_random(uint64_t *state)
 /* A mix in the spirit of a data-loading program: mostly small objects, some
  * medium ones, aligned blocks, and a few large page-aligned buffers (the ones
  * the shim rounds to whole pages). */
-static void *allocate_one(uint64_t r, size_t *size_out)
+static void *allocate_one(const struct alloc_api *api, uint64_t r, size_t *size_out)
 {
     unsigned kind = (unsigned)((r >> 32) % 1000);
     size_t spread = (size_t)(r >> 44);
@@ -99,20 +121,20 @@ static void *allocate_one(uint64_t r, size_t *size_out)
     size_t size;
     if (kind < 700) {
         size = 16 + spread % 240;
-        memory = malloc(size);
+        memory = api->malloc(size);
     } else if (kind < 900) {
         size = 256 + spread % 3840;
-        memory = malloc(size);
+        memory = api->malloc(size);
     } else if (kind < 970) {
         size = 4096 + spread % 61440;
-        memory = malloc(size);
+        memory = api->malloc(size);
     } else if (kind < 990) {
         size = 64 + spread % 4032;
-        if (posix_memalign(&memory, 64, size) != 0)
+        if (api->posix_memalign(&memory, 64, size) != 0)
             memory = NULL;
     } else {
         size = 65536 + spread % 196608;
-        if (posix_memalign(&memory, PAGE_BYTES, size) != 0)
+        if (api->posix_memalign(&memory, PAGE_BYTES, size) != 0)
             memory = NULL;
     }
     *size_out = size;
@@ -122,6 +144,7 @@ static void *allocate_one(uint64_t r, size_t *size_out)
 static void *workload_thread(void *argument)
 {
     struct worker *worker = argument;
+    const struct alloc_api *api = worker->api;
     void **slots = calloc(WORKLOAD_SLOTS, sizeof(*slots));
     size_t *sizes = calloc(WORKLOAD_SLOTS, sizeof(*sizes));
     uint64_t state = worker->seed, checksum = 0;
@@ -136,7 +159,7 @@ static void *workload_thread(void *argument)
             if (((r >> 16) & 15) == 0) {
                 /* realloc to another size keeps the block alive */
                 size_t size = 16 + (size_t)(r >> 40) % 8192;
-                unsigned char *moved = realloc(memory, size);
+                unsigned char *moved = api->realloc(memory, size);
                 if (moved != NULL) {
                     moved[0] = (unsigned char)op;
                     moved[size - 1] = (unsigned char)op;
@@ -144,12 +167,12 @@ static void *workload_thread(void *argument)
                     sizes[slot] = size;
                 }
             } else {
-                free(memory);
+                api->free(memory);
                 slots[slot] = NULL;
             }
         } else {
             size_t size;
-            memory = allocate_one(r, &size);
+            memory = allocate_one(api, r, &size);
             if (memory != NULL) {
                 memory[0] = (unsigned char)op;
                 memory[size - 1] = (unsigned char)op;
@@ -159,7 +182,7 @@ static void *workload_thread(void *argument)
         }
     }
     for (size_t slot = 0; slot < WORKLOAD_SLOTS; slot++)
-        free(slots[slot]);
+        api->free(slots[slot]);
     worker->cpu_seconds = bench_thread_cpu_seconds() - cpu_began;
     worker->checksum = checksum;
     free(slots);
@@ -167,17 +190,21 @@ static void *workload_thread(void *argument)
     return NULL;
 }
 
-/* Runs the workload on threads threads; returns wall seconds, *cpu the sum of
- * the threads' CPU seconds. */
-static double run_workload(int threads, size_t ops, uint64_t seed, double *cpu)
+/* Runs the workload on threads threads through api; returns wall seconds, *cpu
+ * the sum of the threads' CPU seconds. All it allocates is freed (through api)
+ * before it returns. */
+static double run_workload(const struct alloc_api *api, int threads, size_t ops, uint64_t seed,
+                           double *cpu)
 {
     pthread_t ids[2];
     struct worker workers[2];
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, (unsigned)threads + 1);
     for (int i = 0; i < threads; i++) {
-        workers[i] = (struct worker){
-            .seed = seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1), .ops = ops, .start = &start};
+        workers[i] = (struct worker){.api = api,
+                                     .seed = seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1),
+                                     .ops = ops,
+                                     .start = &start};
         pthread_create(&ids[i], NULL, workload_thread, &workers[i]);
     }
     pthread_barrier_wait(&start);
@@ -211,24 +238,35 @@ static _Noreturn void exit_skipping_unregistration(int status)
     _exit(status);
 }
 
-static int child_alloc(size_t live, size_t ops, int reps, int max_threads)
+/* The live ranges of (a) and (p): pinned 64 KiB staging buffers, locked before
+ * timing, and left live until the process exits. False (with an ERROR line)
+ * when one cannot be made. */
+static bool lock_live_buffers(size_t live)
 {
-    /* The live ranges: pinned 64 KiB staging buffers, locked before timing. */
-    void **buffers = NULL;
-    if (live > 0) {
-        buffers = calloc(live, sizeof(*buffers));
-        for (size_t i = 0; i < live; i++) {
-            if (posix_memalign(&buffers[i], PAGE_BYTES, LIVE_BUFFER_BYTES) != 0) {
-                printf("ERROR posix_memalign of live buffer %zu failed\n", i);
-                return 1;
-            }
-            memset(buffers[i], 1, LIVE_BUFFER_BYTES);
-            if (mlock(buffers[i], LIVE_BUFFER_BYTES) != 0) {
-                printf("ERROR mlock of live buffer %zu failed: %s\n", i, strerror(errno));
-                return 1;
-            }
+    if (live == 0)
+        return true;
+    void **buffers = calloc(live, sizeof(*buffers));
+    if (buffers == NULL) {
+        printf("ERROR no memory for %zu live buffers\n", live);
+        return false;
+    }
+    for (size_t i = 0; i < live; i++) {
+        if (posix_memalign(&buffers[i], PAGE_BYTES, LIVE_BUFFER_BYTES) != 0) {
+            printf("ERROR posix_memalign of live buffer %zu failed\n", i);
+            return false;
+        }
+        memset(buffers[i], 1, LIVE_BUFFER_BYTES);
+        if (mlock(buffers[i], LIVE_BUFFER_BYTES) != 0) {
+            printf("ERROR mlock of live buffer %zu failed: %s\n", i, strerror(errno));
+            return false;
         }
     }
+    return true;
+}
+
+/* Prints the INFO line: whether the shim is loaded and how many ranges it holds. */
+static void print_shim_info(void)
+{
     size_t (*counters)(struct pinshim_counters *, size_t) = shim_counters_function();
     long long registered = -1;
     if (counters != NULL) {
@@ -238,11 +276,19 @@ static int child_alloc(size_t live, size_t ops, int reps, int max_threads)
         registered = (long long)now.live_ranges;
     }
     printf("INFO shim=%d live_ranges=%lld\n", counters != NULL, registered);
+}
+
+static int child_alloc(size_t live, size_t ops, int reps, int max_threads)
+{
+    if (!lock_live_buffers(live))
+        return 1;
+    print_shim_info();
     for (int threads = 1; threads <= max_threads; threads++) {
         double best_wall = 0, best_cpu = 0;
         for (int rep = 0; rep < reps; rep++) {
             double cpu;
-            double wall = run_workload(threads, ops, 0x1234567ull + (uint64_t)rep, &cpu);
+            double wall =
+                run_workload(&global_api, threads, ops, 0x1234567ull + (uint64_t)rep, &cpu);
             if (rep == 0 || wall < best_wall)
                 best_wall = wall;
             if (rep == 0 || cpu < best_cpu)
@@ -250,6 +296,95 @@ static int child_alloc(size_t live, size_t ops, int reps, int max_threads)
         }
         printf("RESULT threads=%d wall=%.9f cpu=%.9f\n", threads, best_wall, best_cpu);
     }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Child (p): the workload of (a), with and without the shim in one process. */
+
+/* libc's own malloc, free, realloc and posix_memalign, which the shim does not
+ * see. False (with an ERROR line) when libc cannot be found. */
+static bool libc_api(struct alloc_api *api)
+{
+    void *libc = dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY);
+    if (libc == NULL) {
+        printf("ERROR dlopen(libc.so.6, RTLD_NOLOAD): %s\n", dlerror());
+        return false;
+    }
+    *(void **)&api->malloc = dlsym(libc, "malloc");
+    *(void **)&api->free = dlsym(libc, "free");
+    *(void **)&api->realloc = dlsym(libc, "realloc");
+    *(void **)&api->posix_memalign = dlsym(libc, "posix_memalign");
+    if (api->malloc == NULL || api->free == NULL || api->realloc == NULL ||
+        api->posix_memalign == NULL) {
+        printf("ERROR libc.so.6 lacks malloc, free, realloc or posix_memalign\n");
+        return false;
+    }
+    return true;
+}
+
+/* The file name of the object that holds function (for the INFO line). */
+static const char *object_of(void (*function)(void *))
+{
+    Dl_info info;
+    void *address;
+    memcpy(&address, &function, sizeof(address));
+    return dladdr(address, &info) != 0 && info.dli_fname != NULL ? info.dli_fname : "?";
+}
+
+/* One block of (p): a whole run_workload through one arm, and its BLOCK line. */
+static void run_block(const struct alloc_api *api, const char *arm, int threads, size_t pair,
+                      size_t ops, uint64_t seed)
+{
+    double cpu;
+    struct rusage before, after;
+    getrusage(RUSAGE_SELF, &before);
+    double wall = run_workload(api, threads, ops, seed, &cpu);
+    getrusage(RUSAGE_SELF, &after);
+    printf("BLOCK threads=%d pair=%zu arm=%s cpu=%.9f wall=%.9f faults=%ld\n", threads, pair, arm,
+           cpu, wall, after.ru_minflt - before.ru_minflt);
+}
+
+/* pairs pairs of blocks in the order ABBA ABBA ... (A: with the shim, B:
+ * without), so that both arms sit at the same average time; the two blocks of
+ * a pair do the same work (one seed), each pair other work. One untimed block
+ * per arm first warms the heap and the caches. */
+static void run_paired_blocks(const struct alloc_api *with, const struct alloc_api *without,
+                              int threads, size_t ops, size_t pairs)
+{
+    double cpu;
+    run_workload(with, threads, ops, 0xABBAull, &cpu);
+    run_workload(without, threads, ops, 0xABBAull, &cpu);
+    for (size_t pair = 0; pair < pairs; pair++) {
+        uint64_t seed = 0x5EED0000ull + 0x10001ull * (uint64_t)pair + (uint64_t)threads;
+        bool with_first = pair % 2 == 0;
+        run_block(with_first ? with : without, with_first ? "with" : "without", threads, pair, ops,
+                  seed);
+        run_block(with_first ? without : with, with_first ? "without" : "with", threads, pair, ops,
+                  seed);
+    }
+}
+
+static int child_alloc_interleaved(size_t live, size_t ops, size_t pairs)
+{
+    if (!lock_live_buffers(live))
+        return 1;
+    if (shim_counters_function() == NULL) {
+        printf("ERROR not running under the shim (pinshim_get_counters not found)\n");
+        return 1;
+    }
+    print_shim_info();
+    struct alloc_api without;
+    if (!libc_api(&without))
+        return 1;
+    const struct alloc_api *with = &global_api;
+    if (with->free == without.free) {
+        printf("ERROR free is libc's: the shim does not interpose it\n");
+        return 1;
+    }
+    printf("INFO with_free=%s without_free=%s\n", object_of(with->free), object_of(without.free));
+    for (int threads = 1; threads <= 2; threads++)
+        run_paired_blocks(with, &without, threads, ops, pairs);
     return 0;
 }
 
@@ -470,6 +605,18 @@ struct alloc_result {
     bool ok;
 };
 
+/* (p): per condition and thread count, the paired blocks of one child. */
+struct paired_result {
+    const char *condition;
+    size_t live;
+    int threads;
+    size_t pairs;                                              /* complete with/without pairs */
+    double *with_cpu, *without_cpu, *with_wall, *without_wall; /* per pair, seconds */
+    long long verified_live; /* what the shim reported holding, -1 if unknown */
+    bool ok;
+    char error[200];
+};
+
 struct bookkeeping_result {
     size_t live;
     const char *pattern; /* "random" or "hot" */
@@ -497,6 +644,11 @@ static const char *fake_path;
 static double ratio(double with, double without)
 {
     return without > 0 ? with / without : 0.0;
+}
+
+static double percent(double value_ratio)
+{
+    return (value_ratio - 1.0) * 100.0;
 }
 
 static void arm_add(struct arm_samples *arm, double wall, double cpu)
@@ -603,6 +755,193 @@ static void run_alloc_part(struct alloc_result *results, size_t *result_count)
         }
         fprintf(stderr, "\n");
         *result_count += 2;
+    }
+}
+
+/* ---- (p): the paired in-process measurement ---- */
+
+/* Median, confidence interval and sum ratio of one series of pairs, in percent. */
+struct paired_stats {
+    double median, low, high, sum; /* low/high: NAN when too few pairs */
+};
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The largest k >= 1 with P(X <= k-1) <= 0.025 for X ~ binomial(n, 1/2), or 0
+ * when there is none (n < 6). The k-th and (n+1-k)-th smallest of n values then
+ * bound their median with at least 95% confidence, whatever their distribution. */
+static size_t median_interval_rank(size_t n)
+{
+    if (n == 0 || n > 1000) /* C(n, i) overflows a double past about 1020 */
+        return 0;
+    double total = 0, term = 1; /* term: C(n, i) */
+    double *cumulative = malloc((n + 1) * sizeof(*cumulative));
+    if (cumulative == NULL)
+        return 0;
+    for (size_t i = 0; i <= n; i++) {
+        total += term;
+        cumulative[i] = total;
+        term = term * (double)(n - i) / (double)(i + 1);
+    }
+    size_t k = 0;
+    while (k + 1 <= n && cumulative[k] / total <= 0.025)
+        k++;
+    free(cumulative);
+    return k;
+}
+
+static struct paired_stats paired_statistics(const double *with, const double *without,
+                                             size_t pairs)
+{
+    struct paired_stats stats = {0, NAN, NAN, 0};
+    if (pairs == 0)
+        return stats;
+    double *ratios = malloc(pairs * sizeof(*ratios));
+    double with_sum = 0, without_sum = 0;
+    for (size_t i = 0; i < pairs; i++) {
+        ratios[i] = percent(ratio(with[i], without[i]));
+        with_sum += with[i];
+        without_sum += without[i];
+    }
+    qsort(ratios, pairs, sizeof(*ratios), compare_doubles);
+    stats.median = bench_median(ratios, pairs);
+    stats.sum = percent(ratio(with_sum, without_sum));
+    size_t k = median_interval_rank(pairs);
+    if (k > 0) {
+        stats.low = ratios[k - 1];
+        stats.high = ratios[pairs - k];
+    }
+    free(ratios);
+    return stats;
+}
+
+static double sum_of(const double *values, size_t count)
+{
+    double sum = 0;
+    for (size_t i = 0; i < count; i++)
+        sum += values[i];
+    return sum;
+}
+
+static void paired_result_init(struct paired_result *result, const char *condition, size_t live,
+                               int threads, size_t max_pairs)
+{
+    memset(result, 0, sizeof(*result));
+    result->condition = condition;
+    result->live = live;
+    result->threads = threads;
+    result->verified_live = -1;
+    result->with_cpu = calloc(max_pairs, sizeof(double));
+    result->without_cpu = calloc(max_pairs, sizeof(double));
+    result->with_wall = calloc(max_pairs, sizeof(double));
+    result->without_wall = calloc(max_pairs, sizeof(double));
+}
+
+/* Files the BLOCK lines of threads into result; a pair counts once both of its
+ * blocks are there. */
+static void parse_blocks(const char *output, int threads, size_t max_pairs,
+                         struct paired_result *result)
+{
+    char *seen = calloc(max_pairs, 1); /* bit 0: with, bit 1: without */
+    for (const char *line = find_line(output, "BLOCK "); line != NULL;
+         line = strchr(line, '\n') ? find_line(strchr(line, '\n') + 1, "BLOCK ") : NULL) {
+        int line_threads;
+        size_t pair;
+        char arm[8];
+        double cpu, wall;
+        if (sscanf(line, "BLOCK threads=%d pair=%zu arm=%7s cpu=%lf wall=%lf", &line_threads, &pair,
+                   arm, &cpu, &wall) != 5 ||
+            line_threads != threads || pair >= max_pairs)
+            continue;
+        bool with = strcmp(arm, "with") == 0;
+        (with ? result->with_cpu : result->without_cpu)[pair] = cpu;
+        (with ? result->with_wall : result->without_wall)[pair] = wall;
+        seen[pair] |= with ? 1 : 2;
+    }
+    /* Complete pairs only, in order. */
+    for (size_t pair = 0; pair < max_pairs; pair++) {
+        if (seen[pair] != 3)
+            continue;
+        size_t to = result->pairs++;
+        result->with_cpu[to] = result->with_cpu[pair];
+        result->without_cpu[to] = result->without_cpu[pair];
+        result->with_wall[to] = result->with_wall[pair];
+        result->without_wall[to] = result->without_wall[pair];
+    }
+    free(seen);
+}
+
+/* The first ERROR line of output, or the exit status, as result's error. */
+static void paired_failure(struct paired_result *result, const struct bench_run *run, bool started)
+{
+    const char *error = started && run->output ? find_line(run->output, "ERROR") : NULL;
+    if (error != NULL) {
+        const char *end = strchr(error, '\n');
+        int length = end ? (int)(end - error) : (int)strlen(error);
+        snprintf(result->error, sizeof(result->error), "%.*s", length, error);
+    } else {
+        snprintf(result->error, sizeof(result->error), "child exited with %d", run->exit_code);
+    }
+}
+
+static void run_paired_part(struct paired_result *results, size_t *result_count)
+{
+    /* The third condition splits the no-lock price: PINSHIM_MIN_BYTES=1M lifts
+     * the shim's page rounding of posix_memalign above the workload's largest
+     * request (256 KiB), leaving only the interposed calls themselves. */
+    static const struct {
+        const char *name;
+        bool live;
+        const char *setting;
+    } conditions[] = {{"no locks", false, NULL},
+                      {"10k live ranges", true, NULL},
+                      {"no locks, no page rounding", false, "1M"}};
+    *result_count = 0;
+    size_t pairs = options.paired_blocks;
+    for (size_t c = 0; c < sizeof(conditions) / sizeof(conditions[0]); c++) {
+        size_t live = conditions[c].live ? options.live_ranges_a : 0;
+        char live_text[32], ops_text[32], blocks_text[32];
+        snprintf(live_text, sizeof(live_text), "%zu", live);
+        snprintf(ops_text, sizeof(ops_text), "%zu", options.paired_ops);
+        snprintf(blocks_text, sizeof(blocks_text), "%zu", pairs);
+        char *argv[] = {(char *)bench_self_path(),
+                        "--child-alloc-interleaved",
+                        live_text,
+                        ops_text,
+                        blocks_text,
+                        NULL};
+        struct bench_env env;
+        bench_env_from_current(&env);
+        shim_environment(&env);
+        if (conditions[c].setting != NULL)
+            bench_env_set(&env, "PINSHIM_MIN_BYTES", conditions[c].setting);
+        fprintf(stderr, "overhead (p) %s: %zu ABBA pairs per thread count ...\n",
+                conditions[c].name, pairs);
+        struct bench_run run;
+        bool started = bench_run_process(argv, &env, true, false, &run);
+        bench_env_free(&env);
+        bool exited_ok = started && run.exit_code == 0 && run.output != NULL;
+        const char *info = exited_ok ? find_line(run.output, "INFO shim=") : NULL;
+        double registered;
+        for (int threads = 1; threads <= 2; threads++) {
+            struct paired_result *result = &results[(*result_count)++];
+            paired_result_init(result, conditions[c].name, live, threads, pairs);
+            if (exited_ok)
+                parse_blocks(run.output, threads, pairs, result);
+            if (info != NULL && field_number(info, "live_ranges", &registered))
+                result->verified_live = (long long)registered;
+            result->ok = exited_ok && result->pairs > 0;
+            if (!result->ok)
+                paired_failure(result, &run, started);
+        }
+        if (!exited_ok)
+            fprintf(stderr, "overhead (p): child exited with %d:\n%s\n", run.exit_code,
+                    run.output ? run.output : "");
+        bench_run_free(&run);
     }
 }
 
@@ -916,12 +1255,56 @@ static const char bookkeeping_method[] =
     "  drawn at random among the N (tables out of cache at large N); hot: one page over and\n"
     "  over (data in cache). Per pair: median over a round's blocks; median, min over rounds";
 
-static double percent(double value_ratio)
+/* How (p) is measured, for the table and the JSON. */
+static const char paired_method[] =
+    "  method: one process under the shim runs the workload of (a) in blocks, each a whole\n"
+    "  run (allocates, works, frees all it allocated), calling either the shim's free, realloc\n"
+    "  and posix_memalign (with) or libc's own, from dlopen(libc.so.6) (without); malloc is\n"
+    "  libc's in both. Blocks go in pairs ABBA ABBA ... (A with, B without), so both arms sit at\n"
+    "  the same average time; the two blocks of a pair do the same work (one seed), after one\n"
+    "  untimed block of each arm. Per pair: with / without - 1 of the threads' CPU time. cpu med:\n"
+    "  median over the pairs; 95% CI: the k-th and (n+1-k)-th smallest of the n pair ratios,\n"
+    "  k the largest with P(Binomial(n, 1/2) <= k-1) <= 0.025 (distribution-free); cpu sum:\n"
+    "  summed with / summed without - 1; wall med: median of the pairs' wall-time ratios";
+
+/* "[low, high]" of a confidence interval in percent, or "n/a" when undefined. */
+static const char *interval_text(const struct paired_stats *stats, char *buffer, size_t size)
 {
-    return (value_ratio - 1.0) * 100.0;
+    if (isnan(stats->low) || isnan(stats->high))
+        snprintf(buffer, size, "n/a");
+    else
+        snprintf(buffer, size, "[%+.2f%%, %+.2f%%]", stats->low, stats->high);
+    return buffer;
+}
+
+static void print_paired_table(const struct paired_result *paired, size_t paired_count)
+{
+    printf("\n(p) allocation-heavy workload, paired in one process: %zu ops per thread and "
+           "block, %zu ABBA pairs\n",
+           options.paired_ops, options.paired_blocks);
+    printf("%-26s %7s %5s %10s %10s %9s %-20s %9s %9s %s\n", "condition", "threads", "pairs",
+           "without s", "with s", "cpu med", "95% CI of cpu med", "cpu sum", "wall med",
+           "shim holds");
+    for (size_t i = 0; i < paired_count; i++) {
+        const struct paired_result *r = &paired[i];
+        if (!r->ok) {
+            printf("%-26s %7d  failed: %s\n", r->condition, r->threads, r->error);
+            continue;
+        }
+        struct paired_stats cpu = paired_statistics(r->with_cpu, r->without_cpu, r->pairs);
+        struct paired_stats wall = paired_statistics(r->with_wall, r->without_wall, r->pairs);
+        char interval[64];
+        printf("%-26s %7d %5zu %10.4f %10.4f %+8.2f%% %-20s %+8.2f%% %+8.2f%% %lld\n", r->condition,
+               r->threads, r->pairs, sum_of(r->without_cpu, r->pairs),
+               sum_of(r->with_cpu, r->pairs), cpu.median,
+               interval_text(&cpu, interval, sizeof(interval)), cpu.sum, wall.median,
+               r->verified_live);
+    }
+    printf("  (without s, with s: CPU seconds summed over the pairs)\n%s\n", paired_method);
 }
 
 static void print_tables(const struct alloc_result *alloc, size_t alloc_count,
+                         const struct paired_result *paired, size_t paired_count,
                          const struct bookkeeping_result *book, size_t book_count,
                          const struct program_result *programs, size_t program_count)
 {
@@ -968,6 +1351,8 @@ static void print_tables(const struct alloc_result *alloc, size_t alloc_count,
                    (r->with - r->without) / (double)instruction_ops);
         }
     }
+    if (paired_count > 0)
+        print_paired_table(paired, paired_count);
     if (book_count > 0) {
         printf("\n(b) bookkeeping per mlock+munlock pair of a registered page: %zu pairs in "
                "blocks of %d, %d rounds\n",
@@ -1048,7 +1433,60 @@ static void json_ratios(FILE *out, const struct arm_samples *with,
             ratio(bench_minimum(with->cpu, nw), bench_minimum(without->cpu, no)));
 }
 
+static void json_optional(FILE *out, double value)
+{
+    if (isnan(value))
+        fprintf(out, "null");
+    else
+        fprintf(out, "%.4f", value);
+}
+
+static void json_paired_result(FILE *out, const struct paired_result *r)
+{
+    fprintf(out, "{\"condition\": ");
+    bench_json_string(out, r->condition);
+    fprintf(out, ", \"live\": %zu, \"threads\": %d, \"ok\": %s, \"error\": ", r->live, r->threads,
+            r->ok ? "true" : "false");
+    bench_json_string(out, r->ok ? NULL : r->error);
+    fprintf(out, ", \"shim_reported_live_ranges\": %lld, \"pairs\": %zu", r->verified_live,
+            r->pairs);
+    if (r->ok) {
+        struct paired_stats cpu = paired_statistics(r->with_cpu, r->without_cpu, r->pairs);
+        struct paired_stats wall = paired_statistics(r->with_wall, r->without_wall, r->pairs);
+        fprintf(out, ",\n   \"cpu_median_pct\": %.4f, \"cpu_ci_low_pct\": ", cpu.median);
+        json_optional(out, cpu.low);
+        fprintf(out, ", \"cpu_ci_high_pct\": ");
+        json_optional(out, cpu.high);
+        fprintf(out, ", \"cpu_sum_pct\": %.4f, \"wall_median_pct\": %.4f, \"wall_sum_pct\": %.4f",
+                cpu.sum, wall.median, wall.sum);
+        const double *series[] = {r->with_cpu, r->without_cpu, r->with_wall, r->without_wall};
+        static const char *const names[] = {"with_cpu_s", "without_cpu_s", "with_wall_s",
+                                            "without_wall_s"};
+        for (size_t k = 0; k < 4; k++) {
+            fprintf(out, ",\n   \"%s\": ", names[k]);
+            json_array(out, series[k], (int)r->pairs, 1.0);
+        }
+    }
+    fprintf(out, "}");
+}
+
+static void json_paired(FILE *out, const struct paired_result *paired, size_t paired_count)
+{
+    fprintf(out,
+            ",\n \"alloc_paired\": {\"ops_per_thread_per_block\": %zu, \"pairs\": %zu, "
+            "\"order\": \"ABBA\", \"method\": ",
+            options.paired_ops, options.paired_blocks);
+    bench_json_string(out, paired_method);
+    fprintf(out, ", \"results\": [");
+    for (size_t i = 0; i < paired_count; i++) {
+        fprintf(out, "%s\n  ", i ? "," : "");
+        json_paired_result(out, &paired[i]);
+    }
+    fprintf(out, "]}");
+}
+
 static bool write_json(const char *path, const struct alloc_result *alloc, size_t alloc_count,
+                       const struct paired_result *paired, size_t paired_count,
                        const struct bookkeeping_result *book, size_t book_count,
                        const struct program_result *programs, size_t program_count)
 {
@@ -1099,8 +1537,10 @@ static bool write_json(const char *path, const struct alloc_result *alloc, size_
         json_ratios(out, &r->with, &r->without);
         fprintf(out, "}");
     }
+    fprintf(out, "]}");
+    json_paired(out, paired, paired_count);
     fprintf(out,
-            "]},\n \"bookkeeping\": {\"pairs\": %zu, \"rounds\": %d, \"min_bytes\": "
+            ",\n \"bookkeeping\": {\"pairs\": %zu, \"rounds\": %d, \"min_bytes\": "
             "\"4K\", \"method\": ",
             options.pairs, options.pair_rounds);
     bench_json_string(out, bookkeeping_method);
@@ -1153,17 +1593,20 @@ static bool write_json(const char *path, const struct alloc_result *alloc, size_
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: overhead [--quick] [--json FILE] [--only PARTS] [--shim LIB] [--fake LIB]\n"
-            "                [--rounds N] [--ops N] [--pairs N] [--max-live N] [--sort-mb N]\n"
-            "                [--python PATH]\n"
-            "The CPU price of libpinshim.so: (a) allocation-heavy workload, (b) bookkeeping per\n"
-            "mlock/munlock pair against live ranges, (c) whole programs (python3, sort).\n"
-            "  --only PARTS   any of a, b, c, i (default abci; i: (a) counted in instructions\n"
-            "                 with valgrind's callgrind)\n"
-            "  --shim LIB     libpinshim.so (default: the one of this build)\n"
-            "  --fake LIB     libfake_cudart.so for (a) and (b) (default: this build's)\n"
-            "  --max-live N   largest live-range count of (b) (default 1000000)\n");
+    fprintf(
+        out,
+        "usage: overhead [--quick] [--json FILE] [--only PARTS] [--shim LIB] [--fake LIB]\n"
+        "                [--rounds N] [--ops N] [--pairs N] [--max-live N] [--sort-mb N]\n"
+        "                [--python PATH] [--blocks N]\n"
+        "The CPU price of libpinshim.so: (a) allocation-heavy workload, (b) bookkeeping per\n"
+        "mlock/munlock pair against live ranges, (c) whole programs (python3, sort).\n"
+        "  --only PARTS   any of a, b, c, i, p (default abcip; i: (a) counted in instructions\n"
+        "                 with valgrind's callgrind; p: (a) with and without the shim in one\n"
+        "                 process, in paired blocks, with a confidence interval)\n"
+        "  --blocks N     ABBA pairs of blocks per thread count in p (default 30, at most 1000)\n"
+        "  --shim LIB     libpinshim.so (default: the one of this build)\n"
+        "  --fake LIB     libfake_cudart.so for (a), (b) and (p) (default: this build's)\n"
+        "  --max-live N   largest live-range count of (b) (default 1000000)\n");
 }
 
 static bool parse_size(const char *text, size_t *out)
@@ -1202,6 +1645,13 @@ int main(int argc, char **argv)
             return 64;
         exit_skipping_unregistration(child_alloc(live, ops, (int)reps, (int)max_threads));
     }
+    if (argc >= 2 && strcmp(argv[1], "--child-alloc-interleaved") == 0) {
+        size_t live, ops, blocks;
+        if (argc != 5 || !parse_size(argv[2], &live) || !parse_size(argv[3], &ops) ||
+            !parse_size(argv[4], &blocks) || ops == 0 || blocks == 0)
+            return 64;
+        exit_skipping_unregistration(child_alloc_interleaved(live, ops, blocks));
+    }
     if (argc >= 2 && strcmp(argv[1], "--child-bookkeeping") == 0) {
         size_t sizes[MAX_SIZES], pairs, rounds;
         int count = argc == 5 ? parse_sizes(argv[2], sizes, MAX_SIZES) : -1;
@@ -1212,11 +1662,13 @@ int main(int argc, char **argv)
     }
 
     options = (struct options){
-        .parts = "abci",
+        .parts = "abcip",
         .python = "python3",
         .rounds = 7,
         .alloc_ops = 2000000,
         .alloc_reps = 3,
+        .paired_ops = 2000000,
+        .paired_blocks = 30,
         .live_ranges_a = 10000,
         .pairs = 20000,
         .pair_rounds = 7,
@@ -1224,7 +1676,8 @@ int main(int argc, char **argv)
         .program_rounds = 5,
     };
     size_t max_live = 1000000;
-    bool rounds_given = false, ops_given = false, pairs_given = false, sort_given = false;
+    bool rounds_given = false, ops_given = false, pairs_given = false, sort_given = false,
+         blocks_given = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1258,6 +1711,9 @@ int main(int argc, char **argv)
                 options.alloc_ops = number, ops_given = true;
             } else if (strcmp(arg, "--pairs") == 0) {
                 options.pairs = number, pairs_given = true;
+            } else if (strcmp(arg, "--blocks") == 0) {
+                options.paired_blocks = number < MAX_PAIRED_BLOCKS ? number : MAX_PAIRED_BLOCKS;
+                blocks_given = true;
             } else if (strcmp(arg, "--max-live") == 0) {
                 max_live = number;
             } else if (strcmp(arg, "--sort-mb") == 0) {
@@ -1281,6 +1737,9 @@ int main(int argc, char **argv)
         if (!sort_given)
             options.sort_megabytes = 20;
         options.alloc_reps = 2;
+        if (!blocks_given)
+            options.paired_blocks = 20;
+        options.paired_ops = 100000;
     }
     for (size_t i = 0; i < sizeof(default_live_sizes) / sizeof(*default_live_sizes); i++)
         if (default_live_sizes[i] <= max_live)
@@ -1298,32 +1757,38 @@ int main(int argc, char **argv)
                                "../tests/fake_cudart/libfake_cudart.so");
     fake_path = found ? strcpy(fake_buffer, found) : NULL;
     bool want_a = strchr(options.parts, 'a') != NULL, want_b = strchr(options.parts, 'b') != NULL,
-         want_c = strchr(options.parts, 'c') != NULL, want_i = strchr(options.parts, 'i') != NULL;
-    if ((want_a || want_b || want_i) && fake_path == NULL) {
-        fprintf(stderr, "overhead: libfake_cudart.so not found; pass --fake PATH (parts a and b "
-                        "register through it)\n");
+         want_c = strchr(options.parts, 'c') != NULL, want_i = strchr(options.parts, 'i') != NULL,
+         want_p = strchr(options.parts, 'p') != NULL;
+    if ((want_a || want_b || want_i || want_p) && fake_path == NULL) {
+        fprintf(stderr, "overhead: libfake_cudart.so not found; pass --fake PATH (parts a, b and "
+                        "p register through it)\n");
         return 1;
     }
     fprintf(stderr, "overhead: shim %s, fake runtime %s\n", shim_path,
             fake_path ? fake_path : "(none)");
 
     static struct alloc_result alloc[4];
+    static struct paired_result paired[6];
     static struct bookkeeping_result book[2 * MAX_SIZES];
     static struct program_result programs[2];
-    size_t alloc_count = 0, book_count = 0, program_count = 0;
+    size_t alloc_count = 0, paired_count = 0, book_count = 0, program_count = 0;
     double began = bench_now_seconds();
     if (want_a)
         run_alloc_part(alloc, &alloc_count);
+    if (want_p)
+        run_paired_part(paired, &paired_count);
     if (want_i)
         run_instructions_part(instructions, &instruction_count);
     if (want_b)
         run_bookkeeping_part(book, &book_count);
     if (want_c)
         run_programs_part(programs, &program_count);
-    print_tables(alloc, alloc_count, book, book_count, programs, program_count);
+    print_tables(alloc, alloc_count, paired, paired_count, book, book_count, programs,
+                 program_count);
     printf("\ntotal time %.1f s\n", bench_now_seconds() - began);
-    if (options.json_path != NULL && !write_json(options.json_path, alloc, alloc_count, book,
-                                                 book_count, programs, program_count)) {
+    if (options.json_path != NULL &&
+        !write_json(options.json_path, alloc, alloc_count, paired, paired_count, book, book_count,
+                    programs, program_count)) {
         fprintf(stderr, "overhead: cannot write %s: %s\n", options.json_path, strerror(errno));
         return 1;
     }
