@@ -263,16 +263,16 @@ __attribute__((noinline)) static void free_with_registrations(void *ptr)
 }
 
 /* With registrations, on glibc's allocator: the chunk header and one word of
- * the bitmap clear nearly every block without a call. */
+ * the bitmap clear nearly every block without a call or a stack frame; the
+ * rest (a block over two bitmap words, or holding a registered page) goes on
+ * to the full check. */
 __attribute__((noinline)) static void free_while_registered(void *ptr)
 {
-    if (__builtin_expect(runtime_block_extent_source == BLOCK_EXTENT_GLIBC_HEADER, 1)) {
-        uintptr_t start = (uintptr_t)ptr, end = block_extent_glibc_end(ptr);
-        if (__builtin_expect(end > start, 1) &&
-            !page_index_any_used_inline(&runtime_engine.registry.index, start, end)) {
-            real_free()(ptr);
-            return;
-        }
+    if (__builtin_expect(runtime_block_extent_source == BLOCK_EXTENT_GLIBC_HEADER, 1) &&
+        page_index_one_word_used(&runtime_engine.registry.index, (uintptr_t)ptr,
+                                 block_extent_glibc_end(ptr)) == 0) {
+        real_free()(ptr);
+        return;
     }
     free_with_registrations(ptr);
 }

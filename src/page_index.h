@@ -58,29 +58,41 @@ bool page_index_find_next(const struct page_index *index, enum page_index_map ma
                           uintptr_t start, uintptr_t end, uintptr_t *found);
 /* Lock-free: whether any granule of [start, end) is used. start/end need not be aligned. */
 bool page_index_any_used(const struct page_index *index, uintptr_t start, uintptr_t end);
-/* Lock-free, inline: page_index_any_used for a range inside one bitmap word (64
- * pages), the case of nearly every free: three dependent loads and a mask. */
-static inline bool page_index_any_used_inline(const struct page_index *index, uintptr_t start,
-                                              uintptr_t end)
+/* Lock-free, inline, without a call: for a range inside one bitmap word (64
+ * pages, the case of nearly every free), 1 if a granule of [start, end) is
+ * used, 0 if none is; -1 when the range is empty, spans two words or passes
+ * the index's limit, for page_index_any_used to answer. Three dependent loads
+ * and a mask. */
+static inline int page_index_one_word_used(const struct page_index *index, uintptr_t start,
+                                           uintptr_t end)
 {
     uintptr_t first = start >> PAGE_INDEX_GRANULE_SHIFT;
     uintptr_t last = (end - 1) >> PAGE_INDEX_GRANULE_SHIFT;
-    if (start >= end || end > PAGE_INDEX_LIMIT || (first >> 6) != (last >> 6))
-        return page_index_any_used(index, start, end);
+    if (start >= end ||
+        (((first ^ last) >> 6) | (last >> (PAGE_INDEX_ADDRESS_BITS - PAGE_INDEX_GRANULE_SHIFT))))
+        return -1;
     struct page_index_mid *mid = __atomic_load_n(
         &index->root[first >> (PAGE_INDEX_LEAF_BITS + PAGE_INDEX_MID_BITS)], __ATOMIC_ACQUIRE);
     if (mid == NULL)
-        return false;
+        return 0;
     struct page_index_leaf *leaf = __atomic_load_n(
         &mid->leaves[(first >> PAGE_INDEX_LEAF_BITS) & ((1u << PAGE_INDEX_MID_BITS) - 1)],
         __ATOMIC_ACQUIRE);
     if (leaf == NULL)
-        return false;
+        return 0;
     uint64_t word = __atomic_load_n(
         &leaf->words[(first & ((1u << PAGE_INDEX_LEAF_BITS) - 1)) / 64][PAGE_INDEX_USED],
         __ATOMIC_RELAXED);
     uint64_t mask = (~(uint64_t)0 >> (63 - (last & 63))) & (~(uint64_t)0 << (first & 63));
     return (word & mask) != 0;
+}
+
+/* Lock-free, inline where it can be: page_index_any_used. */
+static inline bool page_index_any_used_inline(const struct page_index *index, uintptr_t start,
+                                              uintptr_t end)
+{
+    int used = page_index_one_word_used(index, start, end);
+    return used >= 0 ? used != 0 : page_index_any_used(index, start, end);
 }
 
 /* The last base at or before addr; false if none is found before a gap. */
