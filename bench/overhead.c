@@ -612,7 +612,8 @@ struct paired_result {
     int threads;
     size_t pairs;                                              /* complete with/without pairs */
     double *with_cpu, *without_cpu, *with_wall, *without_wall; /* per pair, seconds */
-    long long verified_live; /* what the shim reported holding, -1 if unknown */
+    double *with_faults, *without_faults; /* per pair, the process's minor page faults */
+    long long verified_live;              /* what the shim reported holding, -1 if unknown */
     bool ok;
     char error[200];
 };
@@ -839,6 +840,8 @@ static void paired_result_init(struct paired_result *result, const char *conditi
     result->without_cpu = calloc(max_pairs, sizeof(double));
     result->with_wall = calloc(max_pairs, sizeof(double));
     result->without_wall = calloc(max_pairs, sizeof(double));
+    result->with_faults = calloc(max_pairs, sizeof(double));
+    result->without_faults = calloc(max_pairs, sizeof(double));
 }
 
 /* Files the BLOCK lines of threads into result; a pair counts once both of its
@@ -852,14 +855,15 @@ static void parse_blocks(const char *output, int threads, size_t max_pairs,
         int line_threads;
         size_t pair;
         char arm[8];
-        double cpu, wall;
-        if (sscanf(line, "BLOCK threads=%d pair=%zu arm=%7s cpu=%lf wall=%lf", &line_threads, &pair,
-                   arm, &cpu, &wall) != 5 ||
+        double cpu, wall, faults = 0;
+        if (sscanf(line, "BLOCK threads=%d pair=%zu arm=%7s cpu=%lf wall=%lf faults=%lf",
+                   &line_threads, &pair, arm, &cpu, &wall, &faults) < 5 ||
             line_threads != threads || pair >= max_pairs)
             continue;
         bool with = strcmp(arm, "with") == 0;
         (with ? result->with_cpu : result->without_cpu)[pair] = cpu;
         (with ? result->with_wall : result->without_wall)[pair] = wall;
+        (with ? result->with_faults : result->without_faults)[pair] = faults;
         seen[pair] |= with ? 1 : 2;
     }
     /* Complete pairs only, in order. */
@@ -871,6 +875,8 @@ static void parse_blocks(const char *output, int threads, size_t max_pairs,
         result->without_cpu[to] = result->without_cpu[pair];
         result->with_wall[to] = result->with_wall[pair];
         result->without_wall[to] = result->without_wall[pair];
+        result->with_faults[to] = result->with_faults[pair];
+        result->without_faults[to] = result->without_faults[pair];
     }
     free(seen);
 }
@@ -1282,8 +1288,8 @@ static void print_paired_table(const struct paired_result *paired, size_t paired
     printf("\n(p) allocation-heavy workload, paired in one process: %zu ops per thread and "
            "block, %zu ABBA pairs\n",
            options.paired_ops, options.paired_blocks);
-    printf("%-26s %7s %5s %10s %10s %9s %-20s %9s %9s %s\n", "condition", "threads", "pairs",
-           "without s", "with s", "cpu med", "95% CI of cpu med", "cpu sum", "wall med",
+    printf("%-26s %7s %5s %10s %10s %9s %-20s %9s %9s %8s %s\n", "condition", "threads", "pairs",
+           "without s", "with s", "cpu med", "95% CI of cpu med", "cpu sum", "wall med", "faults",
            "shim holds");
     for (size_t i = 0; i < paired_count; i++) {
         const struct paired_result *r = &paired[i];
@@ -1294,13 +1300,18 @@ static void print_paired_table(const struct paired_result *paired, size_t paired
         struct paired_stats cpu = paired_statistics(r->with_cpu, r->without_cpu, r->pairs);
         struct paired_stats wall = paired_statistics(r->with_wall, r->without_wall, r->pairs);
         char interval[64];
-        printf("%-26s %7d %5zu %10.4f %10.4f %+8.2f%% %-20s %+8.2f%% %+8.2f%% %lld\n", r->condition,
-               r->threads, r->pairs, sum_of(r->without_cpu, r->pairs),
+        double faults_without = sum_of(r->without_faults, r->pairs);
+        printf("%-26s %7d %5zu %10.4f %10.4f %+8.2f%% %-20s %+8.2f%% %+8.2f%% %+7.2f%% %lld\n",
+               r->condition, r->threads, r->pairs, sum_of(r->without_cpu, r->pairs),
                sum_of(r->with_cpu, r->pairs), cpu.median,
                interval_text(&cpu, interval, sizeof(interval)), cpu.sum, wall.median,
+               faults_without > 0 ? (sum_of(r->with_faults, r->pairs) / faults_without - 1) * 100
+                                  : 0.0,
                r->verified_live);
     }
-    printf("  (without s, with s: CPU seconds summed over the pairs)\n%s\n", paired_method);
+    printf("  (without s, with s: CPU seconds summed over the pairs; faults: the process's minor "
+           "page faults\n  during the with blocks against the without blocks)\n%s\n",
+           paired_method);
 }
 
 static void print_tables(const struct alloc_result *alloc, size_t alloc_count,
@@ -1459,6 +1470,8 @@ static void json_paired_result(FILE *out, const struct paired_result *r)
         json_optional(out, cpu.high);
         fprintf(out, ", \"cpu_sum_pct\": %.4f, \"wall_median_pct\": %.4f, \"wall_sum_pct\": %.4f",
                 cpu.sum, wall.median, wall.sum);
+        fprintf(out, ", \"page_faults_with\": %.0f, \"page_faults_without\": %.0f",
+                sum_of(r->with_faults, r->pairs), sum_of(r->without_faults, r->pairs));
         const double *series[] = {r->with_cpu, r->without_cpu, r->with_wall, r->without_wall};
         static const char *const names[] = {"with_cpu_s", "without_cpu_s", "with_wall_s",
                                             "without_wall_s"};
