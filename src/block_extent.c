@@ -95,5 +95,12 @@ enum block_extent_source block_extent_choose(const struct block_extent_allocator
 
 const char *block_extent_source_name(enum block_extent_source source)
 {
-    return source == BLOCK_EXTENT_GLIBC_HEADER ? "glibc-header" : "malloc_usable_size";
+    switch (source) {
+    case BLOCK_EXTENT_GLIBC_HEADER:
+        return "glibc-header";
+    case BLOCK_EXTENT_ALLOCATOR_CALL:
+        return "malloc_usable_size";
+    default:
+        return "unused";
+    }
 }

@@ -4,9 +4,10 @@
  * The portable answer asks the allocator (malloc_usable_size): a call, and
  * glibc's version also reads the next chunk's header. When the allocator is
  * glibc's own, the size word glibc keeps just before every block gives the
- * same answer in one load. That source is used only after checks at load
- * showed the allocator is glibc's and the size word agrees with
- * malloc_usable_size on blocks of many sizes; anything else keeps the call. */
+ * same answer in one load. That source is used only after checks, made at
+ * the first lock that may register, showed the allocator is glibc's and the
+ * size word agrees with malloc_usable_size on blocks of many sizes; anything
+ * else keeps the call. */
 #ifndef PINSHIM_BLOCK_EXTENT_H
 #define PINSHIM_BLOCK_EXTENT_H
 
@@ -17,6 +18,7 @@
 enum block_extent_source {
     BLOCK_EXTENT_ALLOCATOR_CALL = 0, /* malloc_usable_size */
     BLOCK_EXTENT_GLIBC_HEADER = 1,   /* glibc's chunk size word */
+    BLOCK_EXTENT_NOT_CHOSEN = 2,     /* no lock that may register yet: free asks the allocator */
 };
 
 /* The allocator functions the checks use; the shim passes the real ones. */

@@ -358,16 +358,22 @@ PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
     return real.posix_memalign(memptr, alignment, size);
 }
 
-/* Picks where free learns a block's end, before the program's main runs:
- * the checks allocate, which is safe here and not on every path later. */
-__attribute__((constructor)) static void choose_block_extent_source(void)
+/* Picks where free learns a block's end. Only blocks that may hold a
+ * registration need it, so it runs once, at the first lock that may register
+ * (a process that never locks pays nothing), before that registration: the
+ * call path that loads the CUDA runtime at the same moment. Until then, and
+ * if the checks fail, free asks the allocator. */
+static void choose_block_extent_source(void)
 {
-    ensure_resolved();
-    if (runtime_rounding_threshold() == SIZE_MAX || real.posix_memalign == NULL ||
-        real.malloc_usable_size == bootstrap_usable_size || real.free == bootstrap_free)
+    if (runtime_rounding_threshold() == SIZE_MAX)
         return; /* registration is off: nothing to look up on free */
-    if (runtime_config.block_size_from_allocator) {
-        log_debug("free finds block ends with malloc_usable_size (PINSHIM_BLOCK_SIZE=allocator)");
+    if (runtime_config.block_size_from_allocator || real.posix_memalign == NULL ||
+        real.malloc_usable_size == bootstrap_usable_size || real.free == bootstrap_free) {
+        __atomic_store_n(&runtime_block_extent_source, BLOCK_EXTENT_ALLOCATOR_CALL,
+                         __ATOMIC_RELAXED);
+        log_debug("free finds block ends with malloc_usable_size (%s)",
+                  runtime_config.block_size_from_allocator ? "PINSHIM_BLOCK_SIZE=allocator"
+                                                           : "the allocator is not resolved");
         return;
     }
     struct block_extent_allocator allocator = {
@@ -383,6 +389,24 @@ __attribute__((constructor)) static void choose_block_extent_source(void)
     log_debug("free finds block ends with %s", block_extent_source_name(source));
 }
 
+/* 0: not chosen, 1: a thread is choosing, 2: chosen. Other threads never wait
+ * for the chooser (they keep the allocator's answer meanwhile), so a fork in
+ * the middle cannot leave a child waiting. */
+static int block_extent_state;
+
+static void choose_block_extent_source_once(size_t length)
+{
+    if (__builtin_expect(__atomic_load_n(&block_extent_state, __ATOMIC_ACQUIRE) == 2, 1) ||
+        length < runtime_config.min_bytes)
+        return;
+    int expected = 0;
+    if (!__atomic_compare_exchange_n(&block_extent_state, &expected, 1, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
+        return;
+    choose_block_extent_source();
+    __atomic_store_n(&block_extent_state, 2, __ATOMIC_RELEASE);
+}
+
 /* ---- locking ---- */
 
 static void after_successful_lock(const void *addr, size_t length, uint64_t unlocks_before)
@@ -390,6 +414,7 @@ static void after_successful_lock(const void *addr, size_t length, uint64_t unlo
     int saved_errno = errno;
     runtime_ensure_initialized();
     engine_count(&runtime_engine.lock_calls);
+    choose_block_extent_source_once(length);
     engine_after_lock(&runtime_engine, (uintptr_t)addr, length, unlocks_before);
     errno = saved_errno;
 }

@@ -227,7 +227,8 @@ const struct option_spec option_table[OPT_COUNT] = {
      "What is logged on stderr; info logs every registration with its size and time.", parse_log},
     {OPT_BLOCK_SIZE, "PINSHIM_BLOCK_SIZE", "block-size", "SOURCE", "auto, allocator", "auto",
      "How free learns a block's size while ranges are registered: auto reads glibc's chunk "
-     "header when checks at load show it is safe, allocator always calls malloc_usable_size.",
+     "header when checks at the first lock show it is safe, allocator always calls "
+     "malloc_usable_size.",
      parse_block_size},
 };
 

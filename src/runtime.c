@@ -24,7 +24,7 @@ __thread int runtime_guard_depth __attribute__((tls_model("initial-exec")));
 struct engine runtime_engine;
 struct pinshim_config runtime_config;
 uintptr_t runtime_page_size = 4096;
-int runtime_block_extent_source = BLOCK_EXTENT_ALLOCATOR_CALL;
+int runtime_block_extent_source = BLOCK_EXTENT_NOT_CHOSEN;
 
 enum init_state { INIT_NONE = 0, INIT_RUNNING, INIT_DONE };
 static int init_state;

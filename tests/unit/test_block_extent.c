@@ -142,4 +142,5 @@ Test(block_extent, source_names)
 {
     cr_assert_str_eq(block_extent_source_name(BLOCK_EXTENT_GLIBC_HEADER), "glibc-header");
     cr_assert_str_eq(block_extent_source_name(BLOCK_EXTENT_ALLOCATOR_CALL), "malloc_usable_size");
+    cr_assert_str_eq(block_extent_source_name(BLOCK_EXTENT_NOT_CHOSEN), "unused");
 }
