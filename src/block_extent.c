@@ -77,6 +77,12 @@ bool block_extent_glibc_header_agrees(const struct block_extent_allocator *alloc
             }
             if (block == NULL)
                 return false;
+            /* A tagged pointer (AArch64 memory tagging, glibc.mem.tagging) gives the
+             * header a different tag than the block: reading it would fault. */
+            if ((uintptr_t)block >> 56 != 0) {
+                allocator->free(block);
+                return false;
+            }
             size_t usable = allocator->usable_size(block);
             agrees =
                 usable >= sizes[i] && block_extent_glibc_end(block) == (uintptr_t)block + usable;
