@@ -12,6 +12,18 @@ static uint64_t now_nanoseconds(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Before a record is inserted: the span grows to hold it, or starts at it when
+ * no record exists (a reader that still sees the old count only skips blocks
+ * that held records now gone). */
+static void widen_span_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    bool first = engine->registry.count == 0;
+    if (first || start < engine->span_start)
+        __atomic_store_n(&engine->span_start, start, __ATOMIC_RELAXED);
+    if (first || end > engine->span_end)
+        __atomic_store_n(&engine->span_end, end, __ATOMIC_RELAXED);
+}
+
 static void publish_record_count(struct engine *engine)
 {
     __atomic_store_n(&engine->record_count, engine->registry.count, __ATOMIC_RELAXED);
@@ -200,6 +212,7 @@ static bool register_one_gap_locked(struct engine *engine, uintptr_t gap_start, 
 {
     struct range_registry *registry = &engine->registry;
     engine->insert_generation++;
+    widen_span_locked(engine, gap_start, gap_end);
     if (!range_registry_insert(registry, gap_start, gap_end, RANGE_REGISTERING)) {
         engine->counters.register_failed++;
         log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",

@@ -88,7 +88,11 @@ struct engine {
     const struct engine_backend *backend;
     uint64_t min_bytes;
     uintptr_t page_size;
-    size_t record_count;        /* read without the lock by the fast paths */
+    size_t record_count; /* read without the lock by the fast paths */
+    /* [span_start, span_end) holds every registration (and may hold more: it
+     * only grows while records exist and starts afresh with the first record
+     * after none); written under the mutex, read without it by the fast paths. */
+    uintptr_t span_start, span_end;
     uint64_t insert_generation; /* bumped on every insert, under the mutex */
     bool registry_ok;
     bool shut_down;
@@ -120,6 +124,9 @@ void engine_reset_after_fork(struct engine *engine);
 static inline bool engine_may_overlap(const struct engine *engine, uintptr_t start, uintptr_t end)
 {
     if (__atomic_load_n(&engine->record_count, __ATOMIC_RELAXED) == 0)
+        return false;
+    if (end <= __atomic_load_n(&engine->span_start, __ATOMIC_RELAXED) ||
+        start >= __atomic_load_n(&engine->span_end, __ATOMIC_RELAXED))
         return false;
     return page_index_any_used_inline(&engine->registry.index, start, end);
 }

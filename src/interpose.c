@@ -236,14 +236,14 @@ static inline uintptr_t block_end(void *ptr)
     return end > start ? end : UINTPTR_MAX;
 }
 
-/* Whether the block at ptr may hold a registered page: its extent and one
- * word of the page bitmap, without a lock. The bitmap's 4 KiB granules
- * subdivide system pages, so the granules the block touches tell. */
+/* Whether the block at ptr may hold a registered page: its extent against the
+ * registrations' span and the page bitmap, without a lock. The bitmap's 4 KiB
+ * granules subdivide system pages, so the granules the block touches tell. */
 static inline bool block_may_hold_registration(void *ptr, uintptr_t *start, uintptr_t *end)
 {
     *start = (uintptr_t)ptr;
     *end = block_end(ptr);
-    return page_index_any_used_inline(&runtime_engine.registry.index, *start, *end);
+    return engine_may_overlap(&runtime_engine, *start, *end);
 }
 
 /* Releases the registrations overlapping the block's pages, rounded outward. */
@@ -262,17 +262,25 @@ __attribute__((noinline)) static void free_with_registrations(void *ptr)
     real_free()(ptr);
 }
 
-/* With registrations, on glibc's allocator: the chunk header and one word of
- * the bitmap clear nearly every block without a call or a stack frame; the
- * rest (a block over two bitmap words, or holding a registered page) goes on
- * to the full check. */
+/* With registrations. A block above every registration is cleared by one
+ * load; on glibc's allocator the chunk header, the span's start and one word
+ * of the bitmap clear nearly every other block, with no call and no stack
+ * frame. The rest (the allocator's size needed, a block over two bitmap
+ * words, or one holding a registered page) goes on to the full check. */
 __attribute__((noinline)) static void free_while_registered(void *ptr)
 {
-    if (__builtin_expect(runtime_block_extent_source == BLOCK_EXTENT_GLIBC_HEADER, 1) &&
-        page_index_one_word_used(&runtime_engine.registry.index, (uintptr_t)ptr,
-                                 block_extent_glibc_end(ptr)) == 0) {
+    uintptr_t start = (uintptr_t)ptr;
+    if (start >= __atomic_load_n(&runtime_engine.span_end, __ATOMIC_RELAXED)) {
         real_free()(ptr);
         return;
+    }
+    if (__builtin_expect(runtime_block_extent_source == BLOCK_EXTENT_GLIBC_HEADER, 1)) {
+        uintptr_t end = block_extent_glibc_end(ptr);
+        if (end <= __atomic_load_n(&runtime_engine.span_start, __ATOMIC_RELAXED) ||
+            page_index_one_word_used(&runtime_engine.registry.index, start, end) == 0) {
+            real_free()(ptr);
+            return;
+        }
     }
     free_with_registrations(ptr);
 }

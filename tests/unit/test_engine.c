@@ -253,6 +253,35 @@ Test(engine, release_spanning_several_ranges)
     expect_ranges(expected, 2);
 }
 
+/* free's lock-free answer: a range overlaps a registration only if it meets a
+ * registered page; the span that clears most blocks with one load holds every
+ * registration, also after the last one went and new ones came elsewhere. */
+Test(engine, may_overlap_follows_the_registrations)
+{
+    cr_assert_not(engine_may_overlap(&engine, A(0), A(200 * PAGE)), "nothing registered");
+    engine_after_lock(&engine, A(20 * PAGE), 16 * PAGE, engine_unlock_sequence(&engine));
+    engine_after_lock(&engine, A(60 * PAGE), 16 * PAGE, engine_unlock_sequence(&engine));
+    cr_assert(engine_may_overlap(&engine, A(20 * PAGE), A(20 * PAGE) + 1));
+    cr_assert(engine_may_overlap(&engine, A(75 * PAGE) + 100, A(75 * PAGE) + 101), "last byte");
+    cr_assert(engine_may_overlap(&engine, A(0), A(200 * PAGE)), "a block holding both");
+    cr_assert_not(engine_may_overlap(&engine, A(0), A(20 * PAGE)), "just below");
+    cr_assert_not(engine_may_overlap(&engine, A(76 * PAGE), A(200 * PAGE)), "just above");
+    cr_assert_not(engine_may_overlap(&engine, A(40 * PAGE), A(50 * PAGE)), "between the two");
+    cr_assert(engine_may_overlap(&engine, A(19 * PAGE) + 8, A(20 * PAGE) + 8), "shares a page");
+
+    engine_release(&engine, A(0), A(200 * PAGE), RELEASE_MUNMAP, NULL);
+    cr_assert_not(engine_may_overlap(&engine, A(0), A(200 * PAGE)), "all released");
+    /* A new registration below the old span, then one above it. */
+    engine_after_lock(&engine, A(2 * PAGE), 16 * PAGE, engine_unlock_sequence(&engine));
+    cr_assert(engine_may_overlap(&engine, A(2 * PAGE), A(3 * PAGE)));
+    cr_assert_not(engine_may_overlap(&engine, A(20 * PAGE), A(76 * PAGE)), "old ranges gone");
+    engine_after_lock(&engine, A(150 * PAGE), 16 * PAGE, engine_unlock_sequence(&engine));
+    cr_assert(engine_may_overlap(&engine, A(165 * PAGE), A(166 * PAGE)));
+    cr_assert(engine_may_overlap(&engine, A(2 * PAGE), A(3 * PAGE)));
+    cr_assert_lt(engine.span_start, A(2 * PAGE) + 1);
+    cr_assert_geq(engine.span_end, A(166 * PAGE));
+}
+
 Test(engine, release_inside_an_allocation_like_memtester)
 {
     /* Lock at an aligned offset inside a larger block, then free the block. */
