@@ -241,12 +241,20 @@ static _Noreturn void exit_skipping_unregistration(int status)
 /* The live ranges of (a) and (p): pinned 64 KiB staging buffers, locked before
  * timing, and left live until the process exits. False (with an ERROR line)
  * when one cannot be made. */
-static bool lock_live_buffers(size_t live)
+#define LIVE_GAP_BYTES (16u * 1024u) /* the hole after each live buffer, when interleaved */
+
+/* The live ranges: pinned 64 KiB staging buffers, locked before timing. With
+ * interleave, a 16 KiB block after each is freed once all are locked, so the
+ * workload's blocks land in holes between registered buffers (the registry's
+ * lookups cannot be skipped) instead of far from all of them; see
+ * lock_live_buffers_in_workload_arena for why the arena matters. */
+static bool lock_live_buffers(size_t live, bool interleave)
 {
     if (live == 0)
         return true;
     void **buffers = calloc(live, sizeof(*buffers));
-    if (buffers == NULL) {
+    void **gaps = calloc(live, sizeof(*gaps));
+    if (buffers == NULL || gaps == NULL) {
         printf("ERROR no memory for %zu live buffers\n", live);
         return false;
     }
@@ -255,13 +263,47 @@ static bool lock_live_buffers(size_t live)
             printf("ERROR posix_memalign of live buffer %zu failed\n", i);
             return false;
         }
+        if (interleave && (gaps[i] = malloc(LIVE_GAP_BYTES)) == NULL) {
+            printf("ERROR malloc of gap %zu failed\n", i);
+            return false;
+        }
         memset(buffers[i], 1, LIVE_BUFFER_BYTES);
         if (mlock(buffers[i], LIVE_BUFFER_BYTES) != 0) {
             printf("ERROR mlock of live buffer %zu failed: %s\n", i, strerror(errno));
             return false;
         }
     }
+    for (size_t i = 0; i < live; i++)
+        free(gaps[i]);
+    free(gaps);
     return true;
+}
+
+struct live_setup {
+    size_t live;
+    bool ok;
+};
+
+static void *lock_live_buffers_thread(void *argument)
+{
+    struct live_setup *setup = argument;
+    setup->ok = lock_live_buffers(setup->live, true);
+    return NULL;
+}
+
+/* glibc gives each new thread an arena of its own, and a thread that ends
+ * hands its arena to the next new thread: locking the buffers from a thread
+ * that ends before the workload's threads start puts them in the arena the
+ * (first) workload thread allocates from. From the main thread they would sit
+ * in the main arena, where no workload block ever lands. */
+static bool lock_live_buffers_in_workload_arena(size_t live)
+{
+    struct live_setup setup = {live, false};
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, lock_live_buffers_thread, &setup) != 0)
+        return false;
+    pthread_join(thread, NULL);
+    return setup.ok;
 }
 
 /* Prints the INFO line: whether the shim is loaded and how many ranges it holds. */
@@ -280,7 +322,7 @@ static void print_shim_info(void)
 
 static int child_alloc(size_t live, size_t ops, int reps, int max_threads)
 {
-    if (!lock_live_buffers(live))
+    if (!lock_live_buffers(live, false))
         return 1;
     print_shim_info();
     for (int threads = 1; threads <= max_threads; threads++) {
@@ -365,9 +407,9 @@ static void run_paired_blocks(const struct alloc_api *with, const struct alloc_a
     }
 }
 
-static int child_alloc_interleaved(size_t live, size_t ops, size_t pairs)
+static int child_alloc_interleaved(size_t live, size_t ops, size_t pairs, bool interleave)
 {
-    if (!lock_live_buffers(live))
+    if (!(interleave ? lock_live_buffers_in_workload_arena(live) : lock_live_buffers(live, false)))
         return 1;
     if (shim_counters_function() == NULL) {
         printf("ERROR not running under the shim (pinshim_get_counters not found)\n");
@@ -899,13 +941,17 @@ static void run_paired_part(struct paired_result *results, size_t *result_count)
     /* The third condition splits the no-lock price: PINSHIM_MIN_BYTES=1M lifts
      * the shim's page rounding of posix_memalign above the workload's largest
      * request (256 KiB), leaving only the interposed calls themselves. */
+    /* The fourth puts the workload's blocks between the registered buffers
+     * (see lock_live_buffers), where free must look each block up. */
     static const struct {
         const char *name;
         bool live;
         const char *setting;
-    } conditions[] = {{"no locks", false, NULL},
-                      {"10k live ranges", true, NULL},
-                      {"no locks, no page rounding", false, "1M"}};
+        bool interleave;
+    } conditions[] = {{"no locks", false, NULL, false},
+                      {"10k live ranges", true, NULL, false},
+                      {"no locks, no page rounding", false, "1M", false},
+                      {"10k live ranges, interleaved", true, NULL, true}};
     *result_count = 0;
     size_t pairs = options.paired_blocks;
     for (size_t c = 0; c < sizeof(conditions) / sizeof(conditions[0]); c++) {
@@ -919,6 +965,7 @@ static void run_paired_part(struct paired_result *results, size_t *result_count)
                         live_text,
                         ops_text,
                         blocks_text,
+                        conditions[c].interleave ? "interleaved" : NULL,
                         NULL};
         struct bench_env env;
         bench_env_from_current(&env);
@@ -1288,20 +1335,20 @@ static void print_paired_table(const struct paired_result *paired, size_t paired
     printf("\n(p) allocation-heavy workload, paired in one process: %zu ops per thread and "
            "block, %zu ABBA pairs\n",
            options.paired_ops, options.paired_blocks);
-    printf("%-26s %7s %5s %10s %10s %9s %-20s %9s %9s %8s %s\n", "condition", "threads", "pairs",
+    printf("%-30s %7s %5s %10s %10s %9s %-20s %9s %9s %8s %s\n", "condition", "threads", "pairs",
            "without s", "with s", "cpu med", "95% CI of cpu med", "cpu sum", "wall med", "faults",
            "shim holds");
     for (size_t i = 0; i < paired_count; i++) {
         const struct paired_result *r = &paired[i];
         if (!r->ok) {
-            printf("%-26s %7d  failed: %s\n", r->condition, r->threads, r->error);
+            printf("%-30s %7d  failed: %s\n", r->condition, r->threads, r->error);
             continue;
         }
         struct paired_stats cpu = paired_statistics(r->with_cpu, r->without_cpu, r->pairs);
         struct paired_stats wall = paired_statistics(r->with_wall, r->without_wall, r->pairs);
         char interval[64];
         double faults_without = sum_of(r->without_faults, r->pairs);
-        printf("%-26s %7d %5zu %10.4f %10.4f %+8.2f%% %-20s %+8.2f%% %+8.2f%% %+7.2f%% %lld\n",
+        printf("%-30s %7d %5zu %10.4f %10.4f %+8.2f%% %-20s %+8.2f%% %+8.2f%% %+7.2f%% %lld\n",
                r->condition, r->threads, r->pairs, sum_of(r->without_cpu, r->pairs),
                sum_of(r->with_cpu, r->pairs), cpu.median,
                interval_text(&cpu, interval, sizeof(interval)), cpu.sum, wall.median,
@@ -1660,10 +1707,11 @@ int main(int argc, char **argv)
     }
     if (argc >= 2 && strcmp(argv[1], "--child-alloc-interleaved") == 0) {
         size_t live, ops, blocks;
-        if (argc != 5 || !parse_size(argv[2], &live) || !parse_size(argv[3], &ops) ||
-            !parse_size(argv[4], &blocks) || ops == 0 || blocks == 0)
+        bool interleave = argc == 6 && strcmp(argv[5], "interleaved") == 0;
+        if ((argc != 5 && !interleave) || !parse_size(argv[2], &live) ||
+            !parse_size(argv[3], &ops) || !parse_size(argv[4], &blocks) || ops == 0 || blocks == 0)
             return 64;
-        exit_skipping_unregistration(child_alloc_interleaved(live, ops, blocks));
+        exit_skipping_unregistration(child_alloc_interleaved(live, ops, blocks, interleave));
     }
     if (argc >= 2 && strcmp(argv[1], "--child-bookkeeping") == 0) {
         size_t sizes[MAX_SIZES], pairs, rounds;
@@ -1781,7 +1829,7 @@ int main(int argc, char **argv)
             fake_path ? fake_path : "(none)");
 
     static struct alloc_result alloc[4];
-    static struct paired_result paired[6];
+    static struct paired_result paired[8];
     static struct bookkeeping_result book[2 * MAX_SIZES];
     static struct program_result programs[2];
     size_t alloc_count = 0, paired_count = 0, book_count = 0, program_count = 0;
