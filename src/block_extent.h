@@ -48,8 +48,9 @@ static inline uintptr_t block_extent_glibc_end(const void *ptr)
 bool block_extent_allocator_is_glibc(void);
 
 /* Whether block_extent_glibc_end agrees with usable_size on blocks of sizes
- * from 1 byte to 4 MiB, plain and page-aligned, allocated and freed through
- * allocator. Call only when the allocator is glibc's. */
+ * from 1 byte to 100,000 bytes, plain and page-aligned, and on one mmapped
+ * 40 MiB block, allocated and freed through allocator. Call only when the
+ * allocator is glibc's. */
 bool block_extent_glibc_header_agrees(const struct block_extent_allocator *allocator);
 
 /* The source that both checks allow: the header when they pass, else the call. */

@@ -222,12 +222,14 @@ static void settle_after(struct engine_ticket *ticket, bool failed, uintptr_t st
 
 /* ---- allocation ---- */
 
-/* Where the block at ptr ends: from glibc's chunk header when the load-time
- * checks allowed it, else from the allocator. Never below ptr + 1. */
+/* Where the block at ptr ends: from glibc's chunk header when the checks
+ * allowed it, else from the allocator. Never below ptr + 1. */
 static inline uintptr_t block_end(void *ptr)
 {
     uintptr_t start = (uintptr_t)ptr;
-    if (__builtin_expect(runtime_block_extent_source == BLOCK_EXTENT_GLIBC_HEADER, 1)) {
+    if (__builtin_expect(__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED) ==
+                             BLOCK_EXTENT_GLIBC_HEADER,
+                         1)) {
         uintptr_t end = block_extent_glibc_end(ptr);
         return end > start ? end : start + 1;
     }
@@ -274,7 +276,9 @@ __attribute__((noinline)) static void free_while_registered(void *ptr)
         real_free()(ptr);
         return;
     }
-    if (__builtin_expect(runtime_block_extent_source == BLOCK_EXTENT_GLIBC_HEADER, 1)) {
+    if (__builtin_expect(__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED) ==
+                             BLOCK_EXTENT_GLIBC_HEADER,
+                         1)) {
         uintptr_t end = block_extent_glibc_end(ptr);
         if (end <= __atomic_load_n(&runtime_engine.span_start, __ATOMIC_RELAXED) ||
             page_index_one_word_used(&runtime_engine.registry.index, start, end) == 0) {
@@ -375,12 +379,16 @@ static void choose_block_extent_source(void)
 {
     if (runtime_rounding_threshold() == SIZE_MAX)
         return; /* registration is off: nothing to look up on free */
-    if (runtime_config.block_size_from_allocator || real.posix_memalign == NULL ||
-        real.malloc_usable_size == bootstrap_usable_size || real.free == bootstrap_free) {
+    /* Under mlockall(MCL_FUTURE) the checks' 40 MiB block would be locked and
+     * faulted in: the call is kept instead. */
+    if (runtime_config.block_size_from_allocator || runtime_future_mappings_locked() ||
+        real.posix_memalign == NULL || real.malloc_usable_size == bootstrap_usable_size ||
+        real.free == bootstrap_free) {
         __atomic_store_n(&runtime_block_extent_source, BLOCK_EXTENT_ALLOCATOR_CALL,
                          __ATOMIC_RELAXED);
         log_debug("free finds block ends with malloc_usable_size (%s)",
                   runtime_config.block_size_from_allocator ? "PINSHIM_BLOCK_SIZE=allocator"
+                  : runtime_future_mappings_locked()       ? "mlockall(MCL_FUTURE) is in effect"
                                                            : "the allocator is not resolved");
         return;
     }
@@ -397,22 +405,19 @@ static void choose_block_extent_source(void)
     log_debug("free finds block ends with %s", block_extent_source_name(source));
 }
 
-/* 0: not chosen, 1: a thread is choosing, 2: chosen. Other threads never wait
- * for the chooser (they keep the allocator's answer meanwhile), so a fork in
- * the middle cannot leave a child waiting. */
-static int block_extent_state;
-
+/* Once (runtime_block_extent_state). Other threads never wait for the
+ * chooser: they keep the allocator's answer meanwhile. */
 static void choose_block_extent_source_once(size_t length)
 {
-    if (__builtin_expect(__atomic_load_n(&block_extent_state, __ATOMIC_ACQUIRE) == 2, 1) ||
+    if (__builtin_expect(__atomic_load_n(&runtime_block_extent_state, __ATOMIC_ACQUIRE) == 2, 1) ||
         length < runtime_config.min_bytes)
         return;
     int expected = 0;
-    if (!__atomic_compare_exchange_n(&block_extent_state, &expected, 1, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_RELAXED))
+    if (!__atomic_compare_exchange_n(&runtime_block_extent_state, &expected, 1, false,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
         return;
     choose_block_extent_source();
-    __atomic_store_n(&block_extent_state, 2, __ATOMIC_RELEASE);
+    __atomic_store_n(&runtime_block_extent_state, 2, __ATOMIC_RELEASE);
 }
 
 /* ---- locking ---- */
@@ -488,7 +493,7 @@ PINSHIM_EXPORT int mlockall(int flags)
     if (!runtime_guarded()) {
         int saved_errno = errno;
         runtime_ensure_initialized();
-        runtime_note_mlockall();
+        runtime_note_mlockall(flags, result);
         errno = saved_errno;
     }
     return result;
@@ -505,6 +510,7 @@ PINSHIM_EXPORT int munlockall(void)
     struct engine_ticket ticket = {0};
     release_before(0, PAGE_INDEX_LIMIT, RELEASE_MUNLOCK, &ticket);
     int result = real.munlockall();
+    runtime_note_munlockall(result);
     settle_after(&ticket, result != 0, 0);
     int saved_errno = errno;
     engine_end_unlock(&runtime_engine, unlock_token, 0, PAGE_INDEX_LIMIT);

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
+#include <sys/mman.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,13 @@ __thread int runtime_guard_depth __attribute__((tls_model("initial-exec")));
 struct engine runtime_engine;
 struct pinshim_config runtime_config;
 uintptr_t runtime_page_size = 4096;
+#ifndef MCL_ONFAULT
+#define MCL_ONFAULT 4
+#endif
+
 int runtime_block_extent_source = BLOCK_EXTENT_NOT_CHOSEN;
+int runtime_block_extent_state;
+static int future_mappings_locked;
 
 enum init_state { INIT_NONE = 0, INIT_RUNNING, INIT_DONE };
 static int init_state;
@@ -158,6 +165,12 @@ static void after_fork_child(void)
     if (cuda_state == CUDA_READY)
         cuda_state = CUDA_NOT_TRIED;
     pthread_mutex_init(&cuda_load_mutex, NULL);
+    /* The thread that was choosing is gone: choose again at the next lock. */
+    int choosing = 1;
+    __atomic_compare_exchange_n(&runtime_block_extent_state, &choosing, 0, false, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+    /* mlockall(MCL_FUTURE) is not inherited across fork. */
+    __atomic_store_n(&future_mappings_locked, 0, __ATOMIC_RELAXED);
 }
 
 static void warn_if_allocator_precedes_shim(void)
@@ -248,8 +261,22 @@ size_t runtime_rounding_threshold(void)
     return threshold > SIZE_MAX ? SIZE_MAX : (size_t)threshold;
 }
 
-void runtime_note_mlockall(void)
+bool runtime_future_mappings_locked(void)
 {
+    return __atomic_load_n(&future_mappings_locked, __ATOMIC_RELAXED) != 0;
+}
+
+void runtime_note_munlockall(int result)
+{
+    if (result == 0)
+        __atomic_store_n(&future_mappings_locked, 0, __ATOMIC_RELAXED);
+}
+
+void runtime_note_mlockall(int flags, int result)
+{
+    if (result == 0)
+        __atomic_store_n(&future_mappings_locked,
+                         (flags & MCL_FUTURE) != 0 && (flags & MCL_ONFAULT) == 0, __ATOMIC_RELAXED);
     engine_count(&runtime_engine.mlockall_calls);
     if (__atomic_exchange_n(&mlockall_logged, 1, __ATOMIC_RELAXED) == 0)
         log_info("mlockall is passed through and counted; its pages are not registered");

@@ -30,9 +30,15 @@ static inline void runtime_guard_leave(void)
 }
 
 extern struct engine runtime_engine;
-/* Where free and realloc learn a block's end (enum block_extent_source); set
- * once at load by the interposition layer, read on the hot path. */
+/* Where free and realloc learn a block's end (enum block_extent_source): set
+ * once by the interposition layer at the first lock that may register, read
+ * on the hot path. runtime_block_extent_state: 0 not chosen, 1 being chosen,
+ * 2 chosen (a fork child whose parent was choosing starts again at 0). */
 extern int runtime_block_extent_source;
+extern int runtime_block_extent_state;
+/* Whether mlockall(MCL_FUTURE) without MCL_ONFAULT is in effect: every new
+ * mapping is then locked and faulted in at once. */
+bool runtime_future_mappings_locked(void);
 extern struct pinshim_config runtime_config;
 extern uintptr_t runtime_page_size;
 
@@ -45,7 +51,9 @@ bool runtime_is_initialized(void);
 #define RUNTIME_SMALLEST_ROUNDING_THRESHOLD ((size_t)65536)
 size_t runtime_rounding_threshold(void);
 
-/* Logs the first mlockall at info level. */
-void runtime_note_mlockall(void);
+/* Counts an mlockall (logged once at info level) and remembers its flags when
+ * it succeeded; runtime_note_munlockall forgets them. */
+void runtime_note_mlockall(int flags, int result);
+void runtime_note_munlockall(int result);
 
 #endif

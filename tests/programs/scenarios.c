@@ -365,6 +365,22 @@ static void scenario_mlock2_and_mlockall(void)
     }
 }
 
+/* mlockall(MCL_CURRENT | MCL_FUTURE) first: the kernel locks every later
+ * mapping at once; an explicit mlock still registers, and free releases. */
+static void scenario_future_locked(void)
+{
+    if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) {
+        printf("NOTE mlockall failed: %s\n", strerror(errno));
+        return;
+    }
+    char *p = aligned_buffer(MIB);
+    check_zero(mlock(p, MIB), "mlock");
+    EXPECT("mlock under MCL_FUTURE", U(p), U(p) + MIB);
+    free(p);
+    EXPECT_NONE("after free");
+    check_zero(munlockall(), "munlockall");
+}
+
 static void scenario_errno(void)
 {
     errno = 0;
@@ -522,6 +538,7 @@ static const struct {
     {"realloc", scenario_realloc},
     {"munlockall", scenario_munlockall},
     {"mlock2_and_mlockall", scenario_mlock2_and_mlockall},
+    {"future_locked", scenario_future_locked},
     {"errno", scenario_errno},
     {"munlock_hole", scenario_munlock_hole},
     {"already_registered", scenario_already_registered},

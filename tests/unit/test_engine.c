@@ -174,6 +174,12 @@ static void expect_ranges(const uintptr_t *expected, size_t pairs)
     engine_get_counters(&engine, &counters);
     cr_assert_eq(counters.live_ranges, pairs);
     cr_assert_eq(mock.overlap_violations, 0);
+    /* free's one-load shortcut: the span holds every registration. */
+    for (size_t i = 0; i < pairs; i++)
+        cr_assert(engine.span_start <= expected[2 * i] && expected[2 * i + 1] <= engine.span_end,
+                  "range %zu [%#lx, %#lx) outside the span [%#lx, %#lx)", i,
+                  (unsigned long)expected[2 * i], (unsigned long)expected[2 * i + 1],
+                  (unsigned long)engine.span_start, (unsigned long)engine.span_end);
 }
 
 #define A(offset) ((uintptr_t)(arena + (offset)))

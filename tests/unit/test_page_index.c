@@ -110,3 +110,39 @@ Test(page_index, large_range_marks_and_clears)
     page_index_clear(&index_under_test, start, end);
     cr_assert_not(page_index_any_used(&index_under_test, start, end));
 }
+
+/* free's inline check answers like page_index_any_used inside one bitmap word
+ * (64 granules) and hands every other range back (-1). */
+Test(page_index, one_word_check_agrees_or_hands_back)
+{
+    uintptr_t word = (uintptr_t)0x7f0000000000; /* 256 KiB aligned: a word's first granule */
+    cr_assert(page_index_mark(&index_under_test, word + 10 * PAGE, word + 12 * PAGE));
+    cr_assert(page_index_mark(&index_under_test, word + 64 * PAGE, word + 65 * PAGE));
+    uint64_t state = 12345;
+    for (int i = 0; i < 20000; i++) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        uintptr_t start = word - 4 * PAGE + (uintptr_t)((state >> 20) % (80 * PAGE));
+        uintptr_t end = start + 1 + (uintptr_t)((state >> 45) % (8 * PAGE));
+        int answer = page_index_one_word_used(&index_under_test, start, end);
+        bool same_word = (start >> 18) == ((end - 1) >> 18);
+        if (!same_word) {
+            cr_assert_eq(answer, -1, "[%#lx, %#lx) spans two words", (unsigned long)start,
+                         (unsigned long)end);
+            continue;
+        }
+        cr_assert_eq(answer, page_index_any_used(&index_under_test, start, end) ? 1 : 0,
+                     "[%#lx, %#lx)", (unsigned long)start, (unsigned long)end);
+    }
+    cr_assert_eq(page_index_one_word_used(&index_under_test, word + PAGE, word + PAGE), -1,
+                 "empty range");
+    cr_assert_eq(page_index_one_word_used(&index_under_test, PAGE_INDEX_LIMIT - PAGE,
+                                          PAGE_INDEX_LIMIT + PAGE),
+                 -1, "past the limit");
+    cr_assert_eq(
+        page_index_one_word_used(&index_under_test, word + 11 * PAGE + 5, word + 11 * PAGE + 6), 1);
+    cr_assert_eq(page_index_one_word_used(&index_under_test, word + 12 * PAGE, word + 63 * PAGE),
+                 0);
+    cr_assert_eq(
+        page_index_one_word_used(&index_under_test, (uintptr_t)0x100000000, (uintptr_t)0x100000010),
+        0, "no node at all");
+}
