@@ -222,14 +222,20 @@ static void settle_after(struct engine_ticket *ticket, bool failed, uintptr_t st
 
 /* ---- allocation ---- */
 
+/* Whether the checks allowed glibc's chunk header as the source of block ends. */
+static inline bool block_ends_from_header(void)
+{
+    return __builtin_expect(__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED) ==
+                                BLOCK_EXTENT_GLIBC_HEADER,
+                            1);
+}
+
 /* Where the block at ptr ends: from glibc's chunk header when the checks
  * allowed it, else from the allocator. Never below ptr + 1. */
 static inline uintptr_t block_end(void *ptr)
 {
     uintptr_t start = (uintptr_t)ptr;
-    if (__builtin_expect(__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED) ==
-                             BLOCK_EXTENT_GLIBC_HEADER,
-                         1)) {
+    if (block_ends_from_header()) {
         uintptr_t end = block_extent_glibc_end(ptr);
         return end > start ? end : start + 1;
     }
@@ -276,9 +282,7 @@ __attribute__((noinline)) static void free_while_registered(void *ptr)
         real_free()(ptr);
         return;
     }
-    if (__builtin_expect(__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED) ==
-                             BLOCK_EXTENT_GLIBC_HEADER,
-                         1)) {
+    if (block_ends_from_header()) {
         uintptr_t end = block_extent_glibc_end(ptr);
         if (end <= __atomic_load_n(&runtime_engine.span_start, __ATOMIC_RELAXED) ||
             page_index_one_word_used(&runtime_engine.registry.index, start, end) == 0) {
