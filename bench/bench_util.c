@@ -321,3 +321,20 @@ void bench_host(char *buffer, size_t size)
         snprintf(buffer, size, "unknown");
     buffer[size - 1] = '\0';
 }
+
+FILE *bench_json_open(const char *path, const char *name)
+{
+    FILE *out = fopen(path, "w");
+    if (out == NULL)
+        return NULL;
+    char date[32], host[256];
+    bench_today(date, sizeof(date));
+    bench_host(host, sizeof(host));
+    fprintf(out, "{\"benchmark\": ");
+    bench_json_string(out, name);
+    fprintf(out, ", \"date\": ");
+    bench_json_string(out, date);
+    fprintf(out, ", \"host\": ");
+    bench_json_string(out, host);
+    return out;
+}

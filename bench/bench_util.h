@@ -66,4 +66,9 @@ void bench_json_string(FILE *out, const char *s);
 void bench_today(char *buffer, size_t size);
 void bench_host(char *buffer, size_t size);
 
+/* Opens path and writes the head every result file shares,
+ * {"benchmark": name, "date": ..., "host": ...  (the object left open);
+ * NULL when the file cannot be opened. */
+FILE *bench_json_open(const char *path, const char *name);
+
 #endif

@@ -343,19 +343,12 @@ static void print_table(void)
 
 static bool write_json(const char *path, const char *device_name, const char *shim)
 {
-    FILE *out = fopen(path, "w");
+    FILE *out = bench_json_open(path, "h2d_d2h");
     if (out == NULL)
         return false;
-    char date[32], host[256];
-    bench_today(date, sizeof(date));
-    bench_host(host, sizeof(host));
     int runtime_version = 0, driver_version = 0;
     cudaRuntimeGetVersion(&runtime_version);
     cudaDriverGetVersion(&driver_version);
-    fprintf(out, "{\"benchmark\": \"h2d_d2h\", \"date\": ");
-    bench_json_string(out, date);
-    fprintf(out, ", \"host\": ");
-    bench_json_string(out, host);
     fprintf(out, ", \"device\": ");
     bench_json_string(out, device_name);
     fprintf(out, ", \"cuda_runtime\": %d, \"cuda_driver\": %d, \"shim\": ", runtime_version,

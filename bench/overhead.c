@@ -1491,6 +1491,16 @@ static void json_ratios(FILE *out, const struct arm_samples *with,
             ratio(bench_minimum(with->cpu, nw), bench_minimum(without->cpu, no)));
 }
 
+/* The value of "without" (the caller wrote the key), then "with" and the ratios. */
+static void json_arms(FILE *out, const struct arm_samples *with, const struct arm_samples *without)
+{
+    json_arm(out, without);
+    fprintf(out, ",\n   \"with\": ");
+    json_arm(out, with);
+    fprintf(out, ",\n   ");
+    json_ratios(out, with, without);
+}
+
 static void json_optional(FILE *out, double value)
 {
     if (isnan(value))
@@ -1550,16 +1560,9 @@ static bool write_json(const char *path, const struct alloc_result *alloc, size_
                        const struct bookkeeping_result *book, size_t book_count,
                        const struct program_result *programs, size_t program_count)
 {
-    FILE *out = fopen(path, "w");
+    FILE *out = bench_json_open(path, "overhead");
     if (out == NULL)
         return false;
-    char date[32], host[256];
-    bench_today(date, sizeof(date));
-    bench_host(host, sizeof(host));
-    fprintf(out, "{\"benchmark\": \"overhead\", \"date\": ");
-    bench_json_string(out, date);
-    fprintf(out, ", \"host\": ");
-    bench_json_string(out, host);
     fprintf(out, ", \"cpus\": %ld, \"quick\": %s, \"shim\": ", sysconf(_SC_NPROCESSORS_ONLN),
             options.quick ? "true" : "false");
     bench_json_string(out, shim_path);
@@ -1590,11 +1593,7 @@ static bool write_json(const char *path, const struct alloc_result *alloc, size_
                 ", \"live_ranges\": %zu, \"threads\": %d, \"ok\": %s, "
                 "\"shim_reported_live_ranges\": %lld,\n   \"without\": ",
                 r->live, r->threads, r->ok ? "true" : "false", r->verified_live);
-        json_arm(out, &r->without);
-        fprintf(out, ",\n   \"with\": ");
-        json_arm(out, &r->with);
-        fprintf(out, ",\n   ");
-        json_ratios(out, &r->with, &r->without);
+        json_arms(out, &r->with, &r->without);
         fprintf(out, "}");
     }
     fprintf(out, "]}");
@@ -1638,11 +1637,7 @@ static bool write_json(const char *path, const struct alloc_result *alloc, size_
         fprintf(out, ", \"ok\": %s, \"error\": ", r->ok ? "true" : "false");
         bench_json_string(out, r->ok ? NULL : r->error);
         fprintf(out, ",\n   \"without\": ");
-        json_arm(out, &r->without);
-        fprintf(out, ",\n   \"with\": ");
-        json_arm(out, &r->with);
-        fprintf(out, ",\n   ");
-        json_ratios(out, &r->with, &r->without);
+        json_arms(out, &r->with, &r->without);
         fprintf(out, "}");
     }
     fprintf(out, "]}}\n");
