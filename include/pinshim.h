@@ -16,9 +16,9 @@ extern "C" {
 #endif
 
 #define PINSHIM_VERSION_MAJOR 0
-#define PINSHIM_VERSION_MINOR 1
+#define PINSHIM_VERSION_MINOR 2
 #define PINSHIM_VERSION_PATCH 0
-#define PINSHIM_VERSION_STRING "0.1.0"
+#define PINSHIM_VERSION_STRING "0.2.0"
 
 #if defined(__GNUC__)
 #define PINSHIM_API __attribute__((visibility("default")))
@@ -52,9 +52,15 @@ struct pinshim_counters {
     uint64_t mlockall_calls; /* passed through, never registered */
     uint64_t lock_calls;     /* mlock/mlock2/mmap(MAP_LOCKED) seen */
     uint64_t unlock_calls;   /* munlock/munlockall seen */
+    /* Since 0.2.0: */
+    uint64_t unregister_program;    /* given up because the program registered the pages itself */
+    uint64_t program_registrations; /* the program's own cudaHostRegister calls that succeeded */
+    uint64_t pending_ranges;        /* locked ranges waiting for the program's CUDA context now */
+    uint64_t pending_bytes;
+    uint64_t queued_ranges;         /* locked ranges waiting for the registration thread now */
 };
 
-/* The shim's version string ("0.1.0"). */
+/* The shim's version string ("0.2.0"). */
 PINSHIM_API const char *pinshim_version(void);
 
 /* 1 if ptr lies inside a range the shim registered with CUDA, else 0. */
@@ -63,6 +69,14 @@ PINSHIM_API int pinshim_is_registered(const void *ptr);
 /* Copies min(size, sizeof(struct pinshim_counters)) bytes of the current
  * counters to out. Returns the number of bytes copied, 0 if out is NULL. */
 PINSHIM_API size_t pinshim_get_counters(struct pinshim_counters *out, size_t size);
+
+/* Waits until the shim's registration thread has registered every range
+ * locked so far that can be registered now (PINSHIM_ASYNC=on registers in
+ * the background: a program that needs its buffers pinned before it goes on
+ * calls this). Returns the number of locked ranges still waiting for the
+ * program's CUDA context (PINSHIM_CONTEXT=program), which it does not wait for.
+ * Since 0.2.0. */
+PINSHIM_API size_t pinshim_drain(void);
 
 #ifdef __cplusplus
 }

@@ -107,66 +107,106 @@ static bool resolve_symbols(struct cuda_runtime *runtime, const char *name)
         (cuda_get_error_text_fn)resolve(runtime->handle, "cudaGetErrorString");
     runtime->get_device_count =
         (cuda_get_device_count_fn)resolve(runtime->handle, "cudaGetDeviceCount");
+    runtime->get_device = (cuda_get_device_fn)resolve(runtime->handle, "cudaGetDevice");
+    runtime->set_device = (cuda_set_device_fn)resolve(runtime->handle, "cudaSetDevice");
     record_path(runtime, name);
     return true;
 }
 
-static bool open_runtime(struct cuda_runtime *runtime, const char *requested)
+/* Whether the runtime answers with a device; else writes why to runtime->error. */
+static bool runtime_has_device(struct cuda_runtime *runtime)
 {
-    if (requested != NULL && requested[0] != '\0') {
-        runtime->handle = dlopen(requested, RTLD_NOW | RTLD_LOCAL);
-        if (runtime->handle == NULL) {
-            const char *why = dlerror();
-            snprintf(runtime->error, sizeof(runtime->error),
-                     "cannot load PINSHIM_CUDART=%.200s: %.250s", requested,
-                     why ? why : "unknown error");
-            return false;
-        }
-        return resolve_symbols(runtime, requested);
+    if (runtime->get_device_count == NULL)
+        return true;
+    int count = 0;
+    int error = runtime->get_device_count(&count);
+    if (error != 0) {
+        cuda_runtime_clear_last_error(runtime);
+        snprintf(runtime->error, sizeof(runtime->error), "%.400s reports %s (%d)%s",
+                 runtime->path, cuda_error_name(runtime, error), error,
+                 error == 35    ? ": no usable NVIDIA driver"
+                 : error == 100 ? ": no CUDA device"
+                                : "");
+        return false;
     }
-    /* A runtime the program already loaded (even RTLD_LOCAL, as PyTorch does) is
-     * shared, so the program and the shim see one set of registrations. */
-    for (int i = 0; cuda_runtime_sonames[i] != NULL; i++) {
-        runtime->handle = dlopen(cuda_runtime_sonames[i], RTLD_NOW | RTLD_NOLOAD);
-        if (runtime->handle != NULL) {
-            runtime->shared_with_program = true;
-            return resolve_symbols(runtime, cuda_runtime_sonames[i]);
-        }
+    if (count <= 0) {
+        snprintf(runtime->error, sizeof(runtime->error), "%.400s reports no CUDA device",
+                 runtime->path);
+        return false;
     }
-    for (int i = 0; cuda_runtime_sonames[i] != NULL; i++) {
-        runtime->handle = dlopen(cuda_runtime_sonames[i], RTLD_NOW | RTLD_LOCAL);
-        if (runtime->handle != NULL)
-            return resolve_symbols(runtime, cuda_runtime_sonames[i]);
+    return true;
+}
+
+static void note_try(struct cuda_runtime *runtime, const char *name)
+{
+    if (runtime->try_count >= CUDA_RUNTIME_MAX_TRIES)
+        return;
+    struct cuda_runtime_try *entry = &runtime->tries[runtime->try_count++];
+    snprintf(entry->name, sizeof(entry->name), "%.159s", runtime->path[0] ? runtime->path : name);
+    snprintf(entry->result, sizeof(entry->result), "%.159s", runtime->error);
+}
+
+/* Tries handle (opened as name): usable, or noted and left for the next. */
+static bool try_runtime(struct cuda_runtime *runtime, void *handle, const char *name,
+                        bool shared)
+{
+    runtime->handle = handle;
+    runtime->path[0] = '\0';
+    runtime->error[0] = '\0';
+    runtime->shared_with_program = shared;
+    if (resolve_symbols(runtime, name) && runtime_has_device(runtime)) {
+        runtime->loaded = true;
+        runtime->usable = true;
+        return true;
     }
-    snprintf(runtime->error, sizeof(runtime->error),
-             "no CUDA runtime found (tried libcudart.so.13, .12, .11 and libcudart.so)");
+    note_try(runtime, name);
+    /* Not closed: its initialisation may have registered exit handlers. */
     return false;
 }
 
 bool cuda_runtime_load(struct cuda_runtime *runtime, const char *requested)
 {
     memset(runtime, 0, sizeof(*runtime));
-    if (!open_runtime(runtime, requested))
-        return false;
-    runtime->loaded = true;
-    if (runtime->get_device_count != NULL) {
-        int count = 0;
-        int error = runtime->get_device_count(&count);
-        if (error != 0) {
-            cuda_runtime_clear_last_error(runtime);
-            snprintf(runtime->error, sizeof(runtime->error), "%.400s reports %s (%d)%s",
-                     runtime->path, cuda_error_name(runtime, error), error,
-                     error == 35    ? ": no usable NVIDIA driver"
-                     : error == 100 ? ": no CUDA device"
-                                    : "");
+    if (requested != NULL && requested[0] != '\0') {
+        void *handle = dlopen(requested, RTLD_NOW | RTLD_LOCAL);
+        if (handle == NULL) {
+            const char *why = dlerror();
+            snprintf(runtime->error, sizeof(runtime->error),
+                     "cannot load PINSHIM_CUDART=%.200s: %.250s", requested,
+                     why ? why : "unknown error");
             return false;
         }
-        if (count <= 0) {
-            snprintf(runtime->error, sizeof(runtime->error), "%.400s reports no CUDA device",
-                     runtime->path);
-            return false;
+        /* The user named it: no search if it is unusable. */
+        if (try_runtime(runtime, handle, requested, false))
+            return true;
+        runtime->loaded = runtime->host_register != NULL;
+        return false;
+    }
+    /* A runtime the program already loaded (even RTLD_LOCAL, as PyTorch does)
+     * comes first, so the program and the shim share one set of
+     * registrations; then each soname that loads, until one has a device. */
+    bool tried[8] = {false};
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; cuda_runtime_sonames[i] != NULL && i < 8; i++) {
+            if (tried[i])
+                continue;
+            int mode = pass == 0 ? RTLD_NOW | RTLD_NOLOAD : RTLD_NOW | RTLD_LOCAL;
+            void *handle = dlopen(cuda_runtime_sonames[i], mode);
+            if (handle == NULL)
+                continue;
+            tried[i] = true;
+            if (try_runtime(runtime, handle, cuda_runtime_sonames[i], pass == 0))
+                return true;
         }
     }
-    runtime->usable = true;
-    return true;
+    if (runtime->try_count == 0) {
+        snprintf(runtime->error, sizeof(runtime->error),
+                 "no CUDA runtime found (tried libcudart.so.13, .12, .11 and libcudart.so)");
+    } else {
+        struct cuda_runtime_try last = runtime->tries[runtime->try_count - 1];
+        snprintf(runtime->error, sizeof(runtime->error), "%.300s%s", last.result,
+                 runtime->try_count > 1 ? " (and no other runtime found was usable)" : "");
+    }
+    runtime->loaded = false;
+    return false;
 }

@@ -12,6 +12,15 @@ typedef int (*cuda_host_unregister_fn)(void *ptr);
 typedef int (*cuda_get_last_error_fn)(void);
 typedef const char *(*cuda_get_error_text_fn)(int error);
 typedef int (*cuda_get_device_count_fn)(int *count);
+typedef int (*cuda_get_device_fn)(int *device);
+typedef int (*cuda_set_device_fn)(int device);
+
+/* One runtime the search looked at, and why it was not used. */
+struct cuda_runtime_try {
+    char name[160];
+    char result[160];
+};
+#define CUDA_RUNTIME_MAX_TRIES 8
 
 struct cuda_runtime {
     cuda_host_register_fn host_register;
@@ -20,19 +29,26 @@ struct cuda_runtime {
     cuda_get_error_text_fn get_error_name;     /* optional */
     cuda_get_error_text_fn get_error_string;   /* optional */
     cuda_get_device_count_fn get_device_count; /* optional */
+    cuda_get_device_fn get_device;             /* optional */
+    cuda_set_device_fn set_device;             /* optional */
     void *handle;
     bool loaded;              /* the required symbols resolved */
     bool usable;              /* loaded, and a driver and a device answered */
     bool shared_with_program; /* the program had already loaded it */
     char path[1024];          /* file that was loaded */
     char error[512];          /* why it is not usable */
+    struct cuda_runtime_try tries[CUDA_RUNTIME_MAX_TRIES]; /* rejected before this one */
+    size_t try_count;
 };
 
 /* Candidate sonames, tried with RTLD_NOLOAD first, then loaded, in this order. */
 extern const char *const cuda_runtime_sonames[];
 
-/* Opens requested (path or soname) when not empty, else searches. On failure,
- * runtime->error says why; the caller logs it. */
+/* Opens requested (path or soname) when not empty, else searches: a runtime
+ * the program already loaded, then each soname in turn. A runtime that loads
+ * but answers cudaGetDeviceCount with an error (a CUDA 13 runtime on an older
+ * driver, say) is noted in tries and the search goes on to the next. On
+ * failure, runtime->error says why; the caller logs it. */
 bool cuda_runtime_load(struct cuda_runtime *runtime, const char *requested);
 
 /* Reads and so clears the calling thread's last runtime error. */

@@ -2,8 +2,40 @@
 
 #include "log.h"
 
+#include <errno.h>
 #include <string.h>
 #include <time.h>
+
+/* ---- small helpers ---- */
+
+/* An entry of the lists of records waiting for the registration thread. */
+struct engine_waiting {
+    uintptr_t base;
+    struct engine_waiting *next;
+};
+
+/* A piece of a record that a release removed, so a failed call can put it
+ * back, or mremap can move it. */
+struct engine_piece {
+    uintptr_t start, end, lock_start, lock_end;
+    struct range_place place;
+    uint8_t state; /* RANGE_REGISTERED, RANGE_QUEUED or RANGE_PENDING before the release */
+    struct engine_piece *next;
+};
+
+struct engine_ticket {
+    struct engine_piece *head;
+};
+
+/* One running entry point: its claim, its cancellation state, the errno the
+ * program had, and whether it must start the registration thread. */
+struct engine_op {
+    struct engine *engine;
+    int slot;
+    int cancel_state;
+    int program_errno;
+    bool start_worker;
+};
 
 static uint64_t now_nanoseconds(void)
 {
@@ -12,21 +44,41 @@ static uint64_t now_nanoseconds(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Before a record is inserted: the span grows to hold it, or starts at it when
- * no record exists (a reader that still sees the old count only skips blocks
- * that held records now gone). */
-static void widen_span_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+static uintptr_t max_address(uintptr_t a, uintptr_t b)
 {
-    bool first = engine->registry.count == 0;
-    if (first || start < engine->span_start)
-        __atomic_store_n(&engine->span_start, start, __ATOMIC_RELAXED);
-    if (first || end > engine->span_end)
-        __atomic_store_n(&engine->span_end, end, __ATOMIC_RELAXED);
+    return a > b ? a : b;
 }
 
-static void publish_record_count(struct engine *engine)
+static uintptr_t min_address(uintptr_t a, uintptr_t b)
 {
-    __atomic_store_n(&engine->record_count, engine->registry.count, __ATOMIC_RELAXED);
+    return a < b ? a : b;
+}
+
+static uintptr_t page_floor(const struct engine *engine, uintptr_t addr)
+{
+    return addr & ~(engine->options.page_size - 1);
+}
+
+/* Rounds up; an address in the last page rounds to the highest page boundary
+ * below the index's limit (such pages are refused earlier). */
+static uintptr_t page_ceil(const struct engine *engine, uintptr_t addr)
+{
+    uintptr_t mask = engine->options.page_size - 1;
+    uintptr_t rounded = (addr + mask) & ~mask;
+    return rounded < addr ? UINTPTR_MAX & ~mask : rounded;
+}
+
+/* The pages [*start, *end) of the byte range [addr, addr + length); false when
+ * they reach above the indexed address space. */
+static bool byte_range_pages(const struct engine *engine, uintptr_t addr, size_t length,
+                             uintptr_t *start, uintptr_t *end)
+{
+    uintptr_t last = addr + length;
+    if (last < addr)
+        last = UINTPTR_MAX;
+    *start = page_floor(engine, addr);
+    *end = page_ceil(engine, last);
+    return *end <= PAGE_INDEX_LIMIT && *start < *end;
 }
 
 static const char *error_name(struct engine *engine, int error)
@@ -53,307 +105,447 @@ static bool note_error(struct engine *engine, int error, uint32_t *warned)
     return false; /* table full: counted nowhere, never warned again */
 }
 
-bool engine_init(struct engine *engine, const struct engine_backend *backend, uint64_t min_bytes,
-                 uintptr_t page_size)
+/* ---- records ---- */
+
+static void publish_record_count(struct engine *engine)
 {
-    memset(engine, 0, sizeof(*engine));
-    pthread_mutex_init(&engine->mutex, NULL);
-    pthread_cond_init(&engine->changed, NULL);
-    engine->backend = backend;
-    engine->min_bytes = min_bytes;
-    engine->page_size = page_size < PAGE_INDEX_GRANULE ? PAGE_INDEX_GRANULE : page_size;
-    node_pool_init(&engine->piece_pool, sizeof(struct engine_ticket_piece));
-    engine->registry_ok = range_registry_init(&engine->registry);
-    return engine->registry_ok;
+    __atomic_store_n(&engine->record_count, engine->registry.count, __ATOMIC_RELAXED);
 }
 
-void engine_destroy(struct engine *engine)
+/* Before a record is inserted: the span grows to hold it, or starts at it when
+ * no record exists (a reader that still sees the old count only skips blocks
+ * that held records now gone). */
+static void widen_span_locked(struct engine *engine, uintptr_t start, uintptr_t end)
 {
-    if (engine->registry_ok)
-        range_registry_destroy(&engine->registry);
-    node_pool_destroy(&engine->piece_pool);
-    pthread_cond_destroy(&engine->changed);
-    pthread_mutex_destroy(&engine->mutex);
-    engine->registry_ok = false;
-    engine->record_count = 0;
+    bool first = engine->registry.count == 0;
+    if (first || start < engine->span_start)
+        __atomic_store_n(&engine->span_start, start, __ATOMIC_RELAXED);
+    if (first || end > engine->span_end)
+        __atomic_store_n(&engine->span_end, end, __ATOMIC_RELAXED);
 }
 
-void engine_reset_after_fork(struct engine *engine)
+static void waiting_push_locked(struct engine *engine, struct engine_waiting **head,
+                                struct engine_waiting **tail, uintptr_t base)
 {
-    /* Only the forking thread exists here; the parent's locks and pending
-     * operations mean nothing to the child. */
-    const struct engine_backend *backend = engine->backend;
-    uint64_t min_bytes = engine->min_bytes;
-    uintptr_t page_size = engine->page_size;
-    engine_destroy(engine);
-    engine_init(engine, backend, min_bytes, page_size);
+    struct engine_waiting *entry = node_pool_get(&engine->waiting_pool);
+    if (entry == NULL) {
+        log_warn("out of memory queueing %#lx for registration; it stays mlocked only",
+                 (unsigned long)base);
+        return;
+    }
+    entry->base = base;
+    entry->next = NULL;
+    if (*tail != NULL)
+        (*tail)->next = entry;
+    else
+        *head = entry;
+    *tail = entry;
 }
 
-/* Waits while a pending registration overlaps [start, end). Returns true if it
- * waited (the caller re-reads the registry), false if none is pending. */
-static bool wait_for_pending_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+static struct engine_waiting *waiting_pop_locked(struct engine_waiting **head,
+                                                 struct engine_waiting **tail)
+{
+    struct engine_waiting *entry = *head;
+    if (entry != NULL) {
+        *head = entry->next;
+        if (*head == NULL)
+            *tail = NULL;
+    }
+    return entry;
+}
+
+/* Keeps the counts of queued and pending records (read without the lock by
+ * the worker checks) and their lists in step with a record entering (sign 1)
+ * or leaving (-1) a state. */
+static void account_state_locked(struct engine *engine, const struct range_record *record,
+                                 int sign)
+{
+    uint64_t bytes = record->end - record->base;
+    if (record->state == RANGE_QUEUED) {
+        __atomic_store_n(&engine->queued_ranges, engine->queued_ranges + (size_t)(long)sign,
+                         __ATOMIC_RELAXED);
+        if (sign > 0)
+            waiting_push_locked(engine, &engine->queue_head, &engine->queue_tail, record->base);
+    } else if (record->state == RANGE_PENDING) {
+        __atomic_store_n(&engine->pending_ranges, engine->pending_ranges + (size_t)(long)sign,
+                         __ATOMIC_RELAXED);
+        engine->pending_bytes += sign > 0 ? bytes : (uint64_t)0 - bytes;
+        if (sign > 0)
+            waiting_push_locked(engine, &engine->pending_head, &engine->pending_tail,
+                                record->base);
+    }
+}
+
+static void set_state_locked(struct engine *engine, struct range_record *record,
+                             enum range_state state)
+{
+    account_state_locked(engine, record, -1);
+    record->state = (uint8_t)state;
+    account_state_locked(engine, record, 1);
+}
+
+static struct range_record *insert_record_locked(struct engine *engine,
+                                                 const struct range_record *record)
+{
+    widen_span_locked(engine, record->base, record->end);
+    struct range_record *stored = range_registry_insert(&engine->registry, record);
+    if (stored == NULL)
+        return NULL;
+    publish_record_count(engine);
+    account_state_locked(engine, stored, 1);
+    return stored;
+}
+
+static void remove_record_locked(struct engine *engine, uintptr_t base)
+{
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    if (record == NULL)
+        return;
+    account_state_locked(engine, record, -1);
+    range_registry_remove(&engine->registry, base);
+    publish_record_count(engine);
+}
+
+/* Splits the record at base so that one record covers exactly [start, end)
+ * (inside it) and returns that record, or NULL when out of memory (nothing
+ * changed). The pieces outside keep the record's fields; their pages stay
+ * marked throughout, so a lock-free reader never sees them uncovered. */
+static struct range_record *isolate_locked(struct engine *engine, uintptr_t base, uintptr_t start,
+                                           uintptr_t end)
 {
     struct range_registry *registry = &engine->registry;
-    for (struct range_record *record = range_registry_first_overlap(registry, start, end);
-         record != NULL; record = range_registry_first_overlap(registry, record->end, end)) {
-        if (record->state != RANGE_REGISTERED) {
-            pthread_cond_wait(&engine->changed, &engine->mutex);
-            return true;
-        }
+    if (!range_registry_reserve(registry, 2))
+        return NULL;
+    struct range_record *record = range_registry_find(registry, base);
+    if (record == NULL)
+        return NULL;
+    if (start > record->base) {
+        record = range_registry_split(registry, record->base, start);
+        account_state_locked(engine, record, 1);
+    }
+    if (end < record->end) {
+        struct range_record *right = range_registry_split(registry, record->base, end);
+        account_state_locked(engine, right, 1);
+        record = range_registry_find(registry, start);
+    }
+    publish_record_count(engine);
+    return record;
+}
+
+/* ---- claims ---- */
+
+static bool ranges_overlap(uintptr_t a_start, uintptr_t a_end, uintptr_t b_start, uintptr_t b_end)
+{
+    return a_start < b_end && b_start < a_end;
+}
+
+static bool claims_conflict_locked(const struct engine *engine, const uintptr_t *starts,
+                                   const uintptr_t *ends, unsigned count, int ignore_slot)
+{
+    for (int slot = 0; slot < ENGINE_CLAIMS; slot++) {
+        const struct engine_claim *claim = &engine->claims[slot];
+        if (claim->count == 0 || slot == ignore_slot)
+            continue;
+        for (unsigned i = 0; i < claim->count; i++)
+            for (unsigned j = 0; j < count; j++)
+                if (ranges_overlap(claim->start[i], claim->end[i], starts[j], ends[j]))
+                    return true;
     }
     return false;
 }
 
-static void note_unlock_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+/* Widens [*start, *end) to the whole records that straddle its ends: a
+ * release registers again the parts of a record outside the range, so it
+ * needs those pages too. */
+static void extend_to_records_locked(struct engine *engine, uintptr_t *start, uintptr_t *end)
 {
-    uint64_t sequence = engine->unlock_sequence + 1;
-    engine->recent_unlocks[sequence % ENGINE_RECENT_UNLOCKS] =
-        (struct engine_unlock_note){start, end, sequence};
-    __atomic_store_n(&engine->unlock_sequence, sequence, __ATOMIC_RELEASE);
+    struct range_record *first = range_registry_containing(&engine->registry, *start);
+    if (first != NULL && first->base < *start)
+        *start = first->base;
+    struct range_record *last = range_registry_containing(&engine->registry, *end - 1);
+    if (last != NULL && last->end > *end)
+        *end = last->end;
 }
 
-int engine_begin_unlock(struct engine *engine, uintptr_t start, uintptr_t end)
+/* Waits until no other operation claims any page of the ranges, then claims
+ * them (widened to whole records when extend is set). Returns false, with
+ * nothing claimed, at shut-down when give_up_at_shutdown is set. */
+static bool claim_locked(struct engine_op *op, const uintptr_t *starts, const uintptr_t *ends,
+                         unsigned count, bool extend, bool give_up_at_shutdown)
 {
-    pthread_mutex_lock(&engine->mutex);
-    int token = -1;
-    for (int i = 0; i < ENGINE_UNLOCKS_IN_FLIGHT && token < 0; i++) {
-        if (engine->unlocks_in_flight[i].sequence == 0) {
-            engine->unlocks_in_flight[i] = (struct engine_unlock_note){start, end, 1};
-            token = i;
+    struct engine *engine = op->engine;
+    for (;;) {
+        if (give_up_at_shutdown && engine->shut_down)
+            return false;
+        uintptr_t wanted_start[2], wanted_end[2];
+        for (unsigned i = 0; i < count; i++) {
+            wanted_start[i] = starts[i];
+            wanted_end[i] = ends[i];
+            if (extend)
+                extend_to_records_locked(engine, &wanted_start[i], &wanted_end[i]);
         }
+        int free_slot = -1;
+        for (int slot = 0; slot < ENGINE_CLAIMS && free_slot < 0; slot++)
+            if (engine->claims[slot].count == 0)
+                free_slot = slot;
+        if (free_slot >= 0 &&
+            !claims_conflict_locked(engine, wanted_start, wanted_end, count, -1)) {
+            struct engine_claim *claim = &engine->claims[free_slot];
+            for (unsigned i = 0; i < count; i++) {
+                claim->start[i] = wanted_start[i];
+                claim->end[i] = wanted_end[i];
+            }
+            claim->count = count;
+            op->slot = free_slot;
+            return true;
+        }
+        pthread_cond_wait(&engine->changed, &engine->mutex);
     }
-    if (token < 0)
-        engine->unlocks_in_flight_overflow++;
-    pthread_mutex_unlock(&engine->mutex);
-    return token;
 }
 
-void engine_end_unlock(struct engine *engine, int token, uintptr_t start, uintptr_t end)
+/* Adds [start, end) to the op's claim when no other operation claims any of
+ * it; never waits (the op already holds pages). False when it cannot. */
+static bool claim_more_locked(struct engine_op *op, uintptr_t start, uintptr_t end)
 {
-    pthread_mutex_lock(&engine->mutex);
-    if (token >= 0)
-        engine->unlocks_in_flight[token].sequence = 0;
-    else
-        engine->unlocks_in_flight_overflow--;
-    note_unlock_locked(engine, start, end);
-    pthread_mutex_unlock(&engine->mutex);
-}
-
-void engine_note_unlock(struct engine *engine, uintptr_t start, uintptr_t end)
-{
-    pthread_mutex_lock(&engine->mutex);
-    note_unlock_locked(engine, start, end);
-    pthread_mutex_unlock(&engine->mutex);
-}
-
-/* Widens the conflict found so far to the lowest part of [start, end) that
- * note touches. */
-static bool note_conflict(const struct engine_unlock_note *note, uintptr_t start, uintptr_t end,
-                          bool found, uintptr_t *conflict_start, uintptr_t *conflict_end)
-{
-    uintptr_t from = note->start > start ? note->start : start;
-    uintptr_t to = note->end < end ? note->end : end;
-    if (from < to && (!found || from < *conflict_start)) {
-        *conflict_start = from;
-        *conflict_end = to;
-        return true;
-    }
-    return found;
-}
-
-/* The lowest part of [start, end) that a running unlock, or one that ended
- * after since, touches, as [*conflict_start, *conflict_end); false if none.
- * When more unlocks ended or ran than the notes hold, all of it is touched. */
-enum unlock_conflict { UNLOCK_CONFLICT_NONE, UNLOCK_CONFLICT_FOUND, UNLOCK_CONFLICT_UNKNOWN };
-
-static enum unlock_conflict find_unlock_conflict_locked(const struct engine *engine, uint64_t since,
-                                                        uintptr_t start, uintptr_t end,
-                                                        uintptr_t *conflict_start,
-                                                        uintptr_t *conflict_end)
-{
-    if (since == ENGINE_NO_UNLOCK_CHECK)
-        return UNLOCK_CONFLICT_NONE;
-    if (engine->unlocks_in_flight_overflow > 0 ||
-        engine->unlock_sequence - since > ENGINE_RECENT_UNLOCKS) {
-        *conflict_start = start;
-        *conflict_end = end;
-        return UNLOCK_CONFLICT_UNKNOWN;
-    }
-    bool found = false;
-    for (int i = 0; i < ENGINE_UNLOCKS_IN_FLIGHT; i++)
-        if (engine->unlocks_in_flight[i].sequence != 0)
-            found = note_conflict(&engine->unlocks_in_flight[i], start, end, found, conflict_start,
-                                  conflict_end);
-    for (uint64_t sequence = since + 1; sequence <= engine->unlock_sequence; sequence++)
-        found = note_conflict(&engine->recent_unlocks[sequence % ENGINE_RECENT_UNLOCKS], start, end,
-                              found, conflict_start, conflict_end);
-    return found ? UNLOCK_CONFLICT_FOUND : UNLOCK_CONFLICT_NONE;
-}
-
-static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr_t end,
-                                 uint64_t unlocks_before, bool may_ask_kernel);
-
-struct kernel_recheck {
-    struct engine *engine;
-    uint64_t unlocks_before;
-};
-
-static void register_part_still_locked(void *context, uintptr_t start, uintptr_t end)
-{
-    struct kernel_recheck *recheck = context;
-    pthread_mutex_lock(&recheck->engine->mutex);
-    register_gaps_locked(recheck->engine, start, end, recheck->unlocks_before, false);
-    pthread_mutex_unlock(&recheck->engine->mutex);
-}
-
-/* Reserves [gap_start, gap_end), registers it with the mutex dropped, and
- * records the outcome. False when the registry has no memory for it. */
-static bool register_one_gap_locked(struct engine *engine, uintptr_t gap_start, uintptr_t gap_end)
-{
-    struct range_registry *registry = &engine->registry;
-    engine->insert_generation++;
-    widen_span_locked(engine, gap_start, gap_end);
-    if (!range_registry_insert(registry, gap_start, gap_end, RANGE_REGISTERING)) {
-        engine->counters.register_failed++;
-        log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",
-                 (unsigned long)gap_start, (unsigned long)(gap_end - gap_start));
+    struct engine *engine = op->engine;
+    struct engine_claim *claim = &engine->claims[op->slot];
+    if (claim->count >= 2 || claims_conflict_locked(engine, &start, &end, 1, op->slot))
         return false;
+    claim->start[claim->count] = start;
+    claim->end[claim->count] = end;
+    claim->count++;
+    return true;
+}
+
+static bool op_claims(const struct engine_op *op, uintptr_t start, uintptr_t end)
+{
+    if (op->slot < 0)
+        return false;
+    const struct engine_claim *claim = &op->engine->claims[op->slot];
+    for (unsigned i = 0; i < claim->count; i++)
+        if (claim->start[i] <= start && end <= claim->end[i])
+            return true;
+    return false;
+}
+
+/* ---- operations: begin and end ---- */
+
+/* Cancellation is off for the whole operation: the engine waits on condition
+ * variables (cancellation points that free and munlock must not have), and a
+ * thread cancelled there would die holding the mutex or a claim. */
+static void op_begin(struct engine_op *op, struct engine *engine)
+{
+    op->engine = engine;
+    op->slot = -1;
+    op->start_worker = false;
+    op->program_errno = errno;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &op->cancel_state);
+    pthread_mutex_lock(&engine->mutex);
+}
+
+static void op_end(struct engine_op *op)
+{
+    struct engine *engine = op->engine;
+    if (op->slot >= 0) {
+        engine->claims[op->slot].count = 0;
+        pthread_cond_broadcast(&engine->changed);
     }
-    publish_record_count(engine);
-    size_t length = gap_end - gap_start;
+    pthread_mutex_unlock(&engine->mutex);
+    if (op->start_worker && engine->backend->wake_worker != NULL)
+        engine->backend->wake_worker(engine->backend->context);
+    int ignored;
+    pthread_setcancelstate(op->cancel_state, &ignored);
+}
+
+/* Runs the real call with the mutex dropped and the program's errno in place;
+ * returns its result and leaves its errno in *call_errno. */
+static long op_run(struct engine_op *op, const struct engine_call *call, int *call_errno)
+{
+    pthread_mutex_unlock(&op->engine->mutex);
+    errno = op->program_errno;
+    long result = call->run(call->arguments);
+    *call_errno = errno;
+    pthread_mutex_lock(&op->engine->mutex);
+    return result;
+}
+
+/* Work for the registration thread was added: wake it, or have the op start
+ * one once it has dropped the mutex. */
+static void want_worker_locked(struct engine_op *op)
+{
+    struct engine *engine = op->engine;
+    if (engine->worker_active) {
+        pthread_cond_broadcast(&engine->changed);
+        return;
+    }
+    engine->worker_active = true;
+    op->start_worker = true;
+}
+
+/* ---- registering ---- */
+
+static void count_device_locked(struct engine *engine, const struct range_place *place,
+                                uint64_t bytes)
+{
+    if (place->device >= 0 && place->device < ENGINE_MAX_DEVICES) {
+        engine->devices[place->device].registrations++;
+        engine->devices[place->device].bytes += bytes;
+    }
+}
+
+/* The record at base is REGISTERING: makes the backend call with the mutex
+ * dropped (the caller's claim covers the record) and records the outcome. */
+static void register_record_locked(struct engine *engine, uintptr_t base, bool on_worker)
+{
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    struct range_place place = record->place;
+    size_t length = record->end - record->base;
 
     pthread_mutex_unlock(&engine->mutex);
     uint64_t began = now_nanoseconds();
-    int error =
-        engine->backend->register_range(engine->backend->context, (void *)gap_start, length);
+    int error = engine->backend->register_range(engine->backend->context, &place, (void *)base,
+                                                length);
+    if (error == ENGINE_CUDA_SUCCESS && engine->backend->registered != NULL)
+        engine->backend->registered(engine->backend->context, base, base + length, true);
     uint64_t took = now_nanoseconds() - began;
     pthread_mutex_lock(&engine->mutex);
 
+    record = range_registry_find(&engine->registry, base);
     struct pinshim_counters *counters = &engine->counters;
     counters->register_nanoseconds += took;
+    if (on_worker)
+        engine->background_nanoseconds += took;
+    else
+        engine->wait_nanoseconds += took;
     if (error == ENGINE_CUDA_SUCCESS) {
-        range_registry_find(registry, gap_start)->state = RANGE_REGISTERED;
+        record->state = RANGE_REGISTERED;
         counters->register_ok++;
         counters->register_bytes += length;
         counters->live_ranges++;
         counters->live_bytes += length;
         if (counters->live_bytes > counters->peak_bytes)
             counters->peak_bytes = counters->live_bytes;
-        log_info("registered %#lx + %lu bytes in %.3f ms", (unsigned long)gap_start,
-                 (unsigned long)length, (double)took / 1e6);
+        count_device_locked(engine, &place, length);
+        log_info("registered %#lx + %lu bytes on device %d in %.3f ms%s", (unsigned long)base,
+                 (unsigned long)length, (int)place.device, (double)took / 1e6,
+                 on_worker ? " (in the background)" : "");
+    } else if (error == ENGINE_CUDA_NO_CONTEXT) {
+        /* The context it was meant for went away: wait for one. */
+        engine->deferred_total++;
+        set_state_locked(engine, record, RANGE_PENDING);
     } else {
-        range_registry_remove(registry, gap_start);
-        publish_record_count(engine);
+        remove_record_locked(engine, base);
         bool first = note_error(engine, error, engine->warned_register);
         if (error == ENGINE_CUDA_ALREADY_REGISTERED) {
             /* The program or its framework registered it: not ours to unregister. */
             counters->register_already_registered++;
             log_info("%#lx + %lu bytes are already registered by the program; left alone",
-                     (unsigned long)gap_start, (unsigned long)length);
+                     (unsigned long)base, (unsigned long)length);
         } else {
             counters->register_failed++;
             if (first)
                 log_warn("cudaHostRegister(%#lx, %lu) failed: %s (%d); the range stays "
                          "mlocked only; further %s failures are counted, not logged",
-                         (unsigned long)gap_start, (unsigned long)length, error_name(engine, error),
+                         (unsigned long)base, (unsigned long)length, error_name(engine, error),
                          error, error_name(engine, error));
         }
     }
     pthread_cond_broadcast(&engine->changed);
-    return true;
 }
 
-/* Registers every page of [start, end) that no registration covers, one gap at a
- * time. Pages an unlock may have touched since unlocks_before are registered
- * only where the kernel says they are still locked (may_ask_kernel), else left
- * out. Called and returns with the mutex held; drops it around backend calls. */
-static void register_gaps_locked(struct engine *engine, uintptr_t start, uintptr_t end,
-                                 uint64_t unlocks_before, bool may_ask_kernel)
+/* Adds records for the pages of [start, end) that no record covers, in
+ * chunks of at most max_registration_bytes: registered at once, queued for
+ * the registration thread, or pending until the process has a context, as
+ * choice and the options say. The op's claim covers [start, end). */
+static void add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
+                             uintptr_t lock_start, uintptr_t lock_end, enum engine_choice choice,
+                             const struct range_place *place)
 {
+    struct engine *engine = op->engine;
     struct range_registry *registry = &engine->registry;
+    if (choice == ENGINE_PLACE_DISABLED || engine->shut_down)
+        return;
+    uint64_t chunk = engine->options.max_registration_bytes;
+    if (chunk < engine->options.page_size)
+        chunk = engine->options.page_size;
+    chunk &= ~(uint64_t)(engine->options.page_size - 1);
     uintptr_t cursor = start;
     while (cursor < end && !engine->shut_down) {
         uintptr_t gap_start, gap_end = end;
-        bool have_gap =
-            page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor, end, &gap_start);
-        if (have_gap && !page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start,
-                                              end, &gap_end))
+        if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor, end,
+                                  &gap_start))
+            break;
+        if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start, end,
+                                  &gap_end))
             gap_end = end;
-        /* Only the records before the end of this gap can change it; waiting on
-         * every record up to end made each step cost O(records): quadratic. */
-        if (wait_for_pending_locked(engine, cursor, gap_end))
-            continue;
-        if (!have_gap)
-            break;
-        uintptr_t conflict_start = 0, conflict_end = 0;
-        enum unlock_conflict conflict = find_unlock_conflict_locked(
-            engine, unlocks_before, gap_start, gap_end, &conflict_start, &conflict_end);
-        if (conflict != UNLOCK_CONFLICT_NONE && may_ask_kernel &&
-            engine->backend->locked_parts != NULL) {
-            /* An unlock may have touched these pages since the lock (or more
-             * unlocks came than the notes hold, or the unlock was of an older
-             * mapping at these addresses): ask the kernel what is locked now,
-             * and register that, checked against the unlocks that come after
-             * this question. */
-            struct kernel_recheck recheck = {engine, engine->unlock_sequence};
-            pthread_mutex_unlock(&engine->mutex);
-            engine->backend->locked_parts(engine->backend->context, gap_start, gap_end,
-                                          register_part_still_locked, &recheck);
-            pthread_mutex_lock(&engine->mutex);
-            cursor = gap_end;
-            continue;
-        }
-        if (conflict != UNLOCK_CONFLICT_NONE) {
-            if (conflict_start == gap_start) {
-                engine->skipped_race += (conflict_end - conflict_start) / engine->page_size;
-                cursor = conflict_end;
-                continue;
-            }
-            gap_end = conflict_start; /* the rest is looked at next time round */
-        }
-        if (!register_one_gap_locked(engine, gap_start, gap_end))
-            break;
+        if (gap_end - gap_start > chunk)
+            gap_end = gap_start + chunk;
         cursor = gap_end;
+
+        struct range_record record = {
+            .base = gap_start,
+            .end = gap_end,
+            .lock_start = lock_start,
+            .lock_end = lock_end,
+            .place = *place,
+        };
+        bool deferred = choice != ENGINE_PLACE_READY;
+        if (deferred)
+            record.state = RANGE_PENDING;
+        else if (engine->options.asynchronous && !(place->flags & RANGE_PLACE_THREAD_CONTEXT))
+            record.state = RANGE_QUEUED;
+        else
+            record.state = RANGE_REGISTERING;
+        if (insert_record_locked(engine, &record) == NULL) {
+            engine->counters.register_failed++;
+            log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",
+                     (unsigned long)gap_start, (unsigned long)(gap_end - gap_start));
+            return;
+        }
+        if (deferred) {
+            engine->deferred_total++;
+            if (choice == ENGINE_PLACE_DEFER)
+                want_worker_locked(op);
+        } else if (record.state == RANGE_QUEUED) {
+            want_worker_locked(op);
+        } else {
+            register_record_locked(engine, gap_start, false);
+        }
     }
 }
 
-static void register_pages(struct engine *engine, uintptr_t start, uintptr_t end,
-                           uint64_t unlocks_before)
+/* ---- releasing ---- */
+
+static void ticket_add_locked(struct engine *engine, struct engine_ticket *ticket,
+                              const struct range_record *record, uintptr_t start, uintptr_t end,
+                              uint8_t state)
 {
-    if (!engine->registry_ok || start >= end || end > PAGE_INDEX_LIMIT)
+    if (ticket == NULL)
         return;
-    if (!engine->backend->ready(engine->backend->context)) {
-        __atomic_fetch_add(&engine->skipped_disabled, 1, __ATOMIC_RELAXED);
+    struct engine_piece *piece = node_pool_get(&engine->piece_pool);
+    if (piece == NULL) {
+        log_warn("out of memory recording %#lx + %lu bytes; they will not be registered again "
+                 "if the call fails",
+                 (unsigned long)start, (unsigned long)(end - start));
         return;
     }
-    pthread_mutex_lock(&engine->mutex);
-    register_gaps_locked(engine, start, end, unlocks_before, true);
-    pthread_mutex_unlock(&engine->mutex);
+    piece->start = start;
+    piece->end = end;
+    piece->lock_start = record->lock_start;
+    piece->lock_end = record->lock_end;
+    piece->place = record->place;
+    piece->state = state;
+    piece->next = ticket->head;
+    ticket->head = piece;
 }
 
-void engine_register_pages(struct engine *engine, uintptr_t start, uintptr_t end)
+static void ticket_discard_locked(struct engine *engine, struct engine_ticket *ticket)
 {
-    register_pages(engine, start, end, ENGINE_NO_UNLOCK_CHECK);
-}
-
-void engine_after_lock(struct engine *engine, uintptr_t addr, size_t length,
-                       uint64_t unlocks_before)
-{
-    if (length < engine->min_bytes) {
-        engine_count(&engine->skipped_small);
-        return;
+    while (ticket->head != NULL) {
+        struct engine_piece *piece = ticket->head;
+        ticket->head = piece->next;
+        node_pool_put(&engine->piece_pool, piece);
     }
-    uintptr_t page_mask = engine->page_size - 1;
-    uintptr_t start = addr & ~page_mask;
-    uintptr_t end = addr + length;
-    if (end < addr || end > PAGE_INDEX_LIMIT) {
-        engine_count(&engine->skipped_address);
-        return;
-    }
-    end = (end + page_mask) & ~page_mask;
-    if (__atomic_load_n(&engine->shut_down, __ATOMIC_RELAXED))
-        return;
-    register_pages(engine, start, end, unlocks_before);
 }
 
 static uint64_t *reason_counter(struct pinshim_counters *counters, enum release_reason reason)
@@ -371,6 +563,8 @@ static uint64_t *reason_counter(struct pinshim_counters *counters, enum release_
         return &counters->unregister_mremap;
     case RELEASE_MMAP_FIXED:
         return &counters->unregister_mmap_fixed;
+    case RELEASE_PROGRAM:
+        return &counters->unregister_program;
     case RELEASE_EXIT:
     case RELEASE_REASON_COUNT:
         break;
@@ -378,143 +572,942 @@ static uint64_t *reason_counter(struct pinshim_counters *counters, enum release_
     return &counters->unregister_exit;
 }
 
-static void ticket_add(struct engine *engine, struct engine_ticket *ticket, uintptr_t start,
-                       uintptr_t end)
+/* Unregisters the REGISTERED record at base (the mutex dropped around the
+ * call) and counts it; returns the backend's answer. The record stays, in
+ * state UNREGISTERING, for the caller to cut. */
+static int unregister_record_locked(struct engine *engine, uintptr_t base,
+                                    enum release_reason reason, bool on_worker)
 {
-    struct engine_ticket_piece *piece = node_pool_get(&engine->piece_pool);
-    if (piece == NULL) {
-        log_warn("out of memory recording %#lx + %lu bytes; they will not be re-registered if "
-                 "the call fails",
-                 (unsigned long)start, (unsigned long)(end - start));
-        return;
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    record->state = RANGE_UNREGISTERING;
+    struct range_place place = record->place;
+    size_t length = record->end - record->base;
+
+    pthread_mutex_unlock(&engine->mutex);
+    uint64_t began = now_nanoseconds();
+    if (engine->backend->registered != NULL)
+        engine->backend->registered(engine->backend->context, base, base + length, false);
+    int error = engine->backend->unregister_range(engine->backend->context, &place, (void *)base);
+    uint64_t took = now_nanoseconds() - began;
+    pthread_mutex_lock(&engine->mutex);
+
+    struct pinshim_counters *counters = &engine->counters;
+    counters->unregister_nanoseconds += took;
+    if (on_worker)
+        engine->background_nanoseconds += took;
+    else
+        engine->wait_nanoseconds += took;
+    counters->live_ranges--;
+    counters->live_bytes -= length;
+    (*reason_counter(counters, reason))++;
+    if (error == ENGINE_CUDA_SUCCESS) {
+        counters->unregister_ok++;
+        log_info("unregistered %#lx + %lu bytes in %.3f ms", (unsigned long)base,
+                 (unsigned long)length, (double)took / 1e6);
+    } else if (reason == RELEASE_EXIT && error == ENGINE_CUDA_DEINITIALIZED) {
+        /* The runtime tore itself down first; the kernel drops the pins. */
+        engine->exit_unloading++;
+        note_error(engine, error, engine->warned_unregister);
+    } else if (error == ENGINE_CUDA_NOT_REGISTERED) {
+        /* Gone already: with its context (destroyed by the program), or
+         * unregistered by the program through a path the shim cannot see. */
+        engine->gone_with_context++;
+        log_info("%#lx was no longer registered (its context was destroyed, or the program "
+                 "unregistered it itself)",
+                 (unsigned long)base);
+    } else {
+        counters->unregister_failed++;
+        if (note_error(engine, error, engine->warned_unregister))
+            log_warn("cudaHostUnregister(%#lx) failed: %s (%d); further %s failures are "
+                     "counted, not logged",
+                     (unsigned long)base, error_name(engine, error), error,
+                     error_name(engine, error));
     }
-    piece->start = start;
-    piece->end = end;
-    piece->next = ticket->head;
-    ticket->head = piece;
+    return error;
 }
 
-void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
-                    enum release_reason reason, struct engine_ticket *ticket)
+/* What a release asks for. */
+struct release_request {
+    uintptr_t start, end; /* pages */
+    enum release_reason reason;
+    struct engine_ticket *ticket; /* NULL: nothing will be put back */
+    /* free/realloc: the block's bytes, for the rule on shared pages */
+    bool block;
+    uintptr_t block_start, block_end;
+};
+
+/* A part of a record left outside a release, after the record's
+ * registration was undone: registered again (now, or by the registration
+ * thread), since CUDA cannot unregister part of a registration. */
+static void reregister_part_locked(struct engine_op *op, uintptr_t base)
 {
-    if (!engine_may_overlap(engine, start, end))
+    struct engine *engine = op->engine;
+    struct range_record *part = range_registry_find(&engine->registry, base);
+    bool asynchronous =
+        engine->options.asynchronous && !(part->place.flags & RANGE_PLACE_THREAD_CONTEXT);
+    set_state_locked(engine, part, asynchronous ? RANGE_QUEUED : RANGE_REGISTERING);
+    if (asynchronous)
+        want_worker_locked(op);
+    else
+        register_record_locked(engine, base, false);
+}
+
+/* Releases the part [start, end) of the record at base. */
+static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t start,
+                                uintptr_t end, const struct release_request *request)
+{
+    struct engine *engine = op->engine;
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    uint8_t state = record->state;
+    if (state == RANGE_PENDING || state == RANGE_QUEUED || state == RANGE_PROGRAM) {
+        /* Nothing was registered by the shim: no CUDA call. */
+        struct range_record *part = isolate_locked(engine, base, start, end);
+        if (part == NULL) {
+            log_warn("out of memory splitting a record; %#lx + %lu bytes are forgotten",
+                     (unsigned long)base, (unsigned long)(record->end - base));
+            part = range_registry_find(&engine->registry, base);
+            start = part->base;
+            end = part->end;
+        }
+        if (request->reason != RELEASE_EXIT && state == RANGE_PENDING)
+            engine->dropped_pending++;
+        else if (request->reason != RELEASE_EXIT && state == RANGE_QUEUED)
+            engine->cancelled_queued++;
+        if (state != RANGE_PROGRAM)
+            ticket_add_locked(engine, request->ticket, part, start, end, state);
+        remove_record_locked(engine, start);
         return;
-    struct range_registry *registry = &engine->registry;
-    pthread_mutex_lock(&engine->mutex);
-    /* Records below cursor are gone: rescanning them (and the cleared pages)
-     * on every step made releasing N records cost O(N^2). A registration made
-     * meanwhile by another thread sends the cursor back to start. */
-    uintptr_t cursor = start;
-    uint64_t generation = engine->insert_generation;
-    for (;;) {
-        struct range_record *record = range_registry_first_overlap(registry, cursor, end);
+    }
+    /* RANGE_REGISTERED (claims keep the in-flight states away). Split first,
+     * while nothing is in flight, so the remainder keeps its pages marked. */
+    uintptr_t whole_start = record->base, whole_end = record->end;
+    struct range_record saved = *record;
+    if (!range_registry_reserve(&engine->registry, 2)) {
+        start = whole_start; /* cannot split: the whole registration goes */
+        end = whole_end;
+    }
+    int error = unregister_record_locked(engine, base, request->reason, false);
+    bool can_reregister = error == ENGINE_CUDA_SUCCESS || error == ENGINE_CUDA_NOT_REGISTERED;
+    if (!can_reregister || request->reason == RELEASE_EXIT) {
+        /* The runtime may still hold it: registering parts again would
+         * overlap. Forget the whole registration. */
+        remove_record_locked(engine, base);
+        return;
+    }
+    ticket_add_locked(engine, request->ticket, &saved, start, end, RANGE_REGISTERED);
+    struct range_record *part = isolate_locked(engine, base, start, end);
+    /* isolate cannot fail here: room was reserved. */
+    remove_record_locked(engine, part->base);
+    if (whole_start < start)
+        reregister_part_locked(op, whole_start);
+    if (end < whole_end)
+        reregister_part_locked(op, end);
+}
+
+/* Releases every record overlapping request's pages (for a block: as the
+ * block rule says). The op's claim covers them and the records around. */
+static void release_locked(struct engine_op *op, const struct release_request *request)
+{
+    struct engine *engine = op->engine;
+    uintptr_t cursor = request->start;
+    uintptr_t page = engine->options.page_size;
+    while (cursor < request->end) {
+        struct range_record *record =
+            range_registry_first_overlap(&engine->registry, cursor, request->end);
         if (record == NULL)
             break;
-        if (record->state != RANGE_REGISTERED) {
-            pthread_cond_wait(&engine->changed, &engine->mutex);
-            if (engine->insert_generation != generation) {
-                cursor = start;
-                generation = engine->insert_generation;
-            }
+        uintptr_t base = record->base, record_end = record->end;
+        uintptr_t start = max_address(base, request->start);
+        uintptr_t end = min_address(record_end, request->end);
+        cursor = record_end;
+        if (record->state == RANGE_PROGRAM &&
+            (request->reason == RELEASE_MUNLOCK || request->reason == RELEASE_EXIT ||
+             request->reason == RELEASE_PROGRAM))
+            continue; /* the program's registration does not depend on the lock */
+        if (request->block &&
+            !ranges_overlap(record->lock_start, record->lock_end, request->block_start,
+                            request->block_end)) {
+            /* Registered for other memory: only the pages the block covers
+             * whole can go back to the allocator; a page it shares with a
+             * live neighbour cannot. */
+            uintptr_t inner_start = (request->block_start + page - 1) & ~(page - 1);
+            uintptr_t inner_end = request->block_end & ~(page - 1);
+            start = max_address(start, inner_start);
+            end = min_address(end, inner_end);
+            if (start >= end)
+                continue;
+        }
+        release_part_locked(op, base, start, end, request);
+    }
+}
+
+/* Registers again (or queues, or keeps pending) the ticket's pieces, clipped
+ * to [clip_start, clip_end); only the parts is_wanted accepts when given. */
+static void restore_locked(struct engine_op *op, struct engine_ticket *ticket,
+                           uintptr_t clip_start, uintptr_t clip_end, bool only_mapped)
+{
+    struct engine *engine = op->engine;
+    for (struct engine_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
+        uintptr_t start = max_address(piece->start, clip_start);
+        uintptr_t end = min_address(piece->end, clip_end);
+        if (start >= end)
+            continue;
+        if (only_mapped && engine->backend->is_mapped != NULL &&
+            !engine->backend->is_mapped(engine->backend->context, start, end))
+            continue;
+        enum engine_choice choice =
+            piece->state == RANGE_PENDING ? ENGINE_PLACE_DEFER : ENGINE_PLACE_READY;
+        add_range_locked(op, start, end, piece->lock_start, piece->lock_end, choice,
+                         &piece->place);
+    }
+    ticket_discard_locked(engine, ticket);
+}
+
+/* ---- lifecycle ---- */
+
+bool engine_init(struct engine *engine, const struct engine_backend *backend,
+                 const struct engine_options *options)
+{
+    memset(engine, 0, sizeof(*engine));
+    pthread_mutex_init(&engine->mutex, NULL);
+    pthread_condattr_t attributes;
+    pthread_condattr_init(&attributes);
+    pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
+    pthread_cond_init(&engine->changed, &attributes);
+    pthread_condattr_destroy(&attributes);
+    engine->backend = backend;
+    engine->options = *options;
+    if (engine->options.page_size < PAGE_INDEX_GRANULE)
+        engine->options.page_size = PAGE_INDEX_GRANULE;
+    if (engine->options.max_registration_bytes == 0)
+        engine->options.max_registration_bytes = UINT64_MAX;
+    node_pool_init(&engine->piece_pool, sizeof(struct engine_piece));
+    node_pool_init(&engine->waiting_pool, sizeof(struct engine_waiting));
+    engine->registry_ok = range_registry_init(&engine->registry);
+    return engine->registry_ok;
+}
+
+void engine_destroy(struct engine *engine)
+{
+    if (engine->registry_ok)
+        range_registry_destroy(&engine->registry);
+    node_pool_destroy(&engine->piece_pool);
+    node_pool_destroy(&engine->waiting_pool);
+    pthread_cond_destroy(&engine->changed);
+    pthread_mutex_destroy(&engine->mutex);
+    engine->registry_ok = false;
+    engine->record_count = 0;
+}
+
+void engine_reset_after_fork(struct engine *engine)
+{
+    /* Only the forking thread exists here; the parent's locks, claims and
+     * queued work mean nothing to the child. */
+    const struct engine_backend *backend = engine->backend;
+    struct engine_options options = engine->options;
+    engine_destroy(engine);
+    engine_init(engine, backend, &options);
+}
+
+/* ---- entry points ---- */
+
+static bool engine_active(struct engine *engine)
+{
+    return engine->registry_ok && !__atomic_load_n(&engine->shut_down, __ATOMIC_RELAXED);
+}
+
+static long run_plain(const struct engine_call *call)
+{
+    return call->run(call->arguments);
+}
+
+struct onfault_context {
+    struct engine_op *op;
+    uintptr_t lock_start, lock_end;
+    enum engine_choice choice;
+    const struct range_place *place;
+    uint64_t resident_pages;
+};
+
+static void register_resident_part(void *context, uintptr_t start, uintptr_t end)
+{
+    struct onfault_context *onfault = context;
+    struct engine *engine = onfault->op->engine;
+    onfault->resident_pages += (end - start) / engine->options.page_size;
+    pthread_mutex_lock(&engine->mutex);
+    add_range_locked(onfault->op, start, end, onfault->lock_start, onfault->lock_end,
+                     onfault->choice, onfault->place);
+    pthread_mutex_unlock(&engine->mutex);
+}
+
+long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned flags,
+                 const struct engine_call *call)
+{
+    if (!engine_active(engine))
+        return run_plain(call);
+    if (length < engine->options.min_bytes) {
+        engine_count(&engine->skipped_small);
+        return run_plain(call);
+    }
+    uintptr_t start, end;
+    if (!byte_range_pages(engine, addr, length, &start, &end)) {
+        engine_count(&engine->skipped_address);
+        return run_plain(call);
+    }
+    bool onfault = (flags & ENGINE_LOCK_ONFAULT) != 0;
+    if (onfault && engine->options.onfault == ENGINE_ONFAULT_SKIP) {
+        __atomic_fetch_add(&engine->skipped_onfault_pages, (end - start) / engine->options.page_size,
+                           __ATOMIC_RELAXED);
+        return run_plain(call);
+    }
+
+    struct engine_op op;
+    op_begin(&op, engine);
+    claim_locked(&op, &start, &end, 1, false, false);
+    int call_errno;
+    long result = op_run(&op, call, &call_errno);
+    if (result == 0 && !engine->shut_down) {
+        pthread_mutex_unlock(&engine->mutex);
+        struct range_place place = {.device = -1};
+        enum engine_choice choice =
+            engine->backend->choose_place(engine->backend->context, false, NULL, &place);
+        if (choice == ENGINE_PLACE_DISABLED) {
+            engine_count(&engine->skipped_disabled);
+        } else if (onfault && engine->options.onfault == ENGINE_ONFAULT_RESIDENT &&
+                   engine->backend->resident_parts != NULL) {
+            /* Only what is resident: registering faults pages in, and
+             * MLOCK_ONFAULT asked to keep resident only what is touched. */
+            struct onfault_context context = {&op, addr, addr + length, choice, &place, 0};
+            engine->backend->resident_parts(engine->backend->context, start, end,
+                                            register_resident_part, &context);
+            __atomic_fetch_add(&engine->skipped_onfault_pages,
+                               (end - start) / engine->options.page_size - context.resident_pages,
+                               __ATOMIC_RELAXED);
+        } else {
+            pthread_mutex_lock(&engine->mutex);
+            add_range_locked(&op, start, end, addr, addr + length, choice, &place);
+            pthread_mutex_unlock(&engine->mutex);
+        }
+        pthread_mutex_lock(&engine->mutex);
+    }
+    op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, bool replaces,
+                bool locks, const struct engine_call *call)
+{
+    uintptr_t start = 0, end = 0;
+    if (!engine_active(engine) || (replaces && !byte_range_pages(engine, fixed_start, length,
+                                                                  &start, &end)))
+        return run_plain(call);
+    if (replaces && !locks && !engine_may_overlap(engine, start, end))
+        return run_plain(call);
+    struct engine_op op;
+    op_begin(&op, engine);
+    struct engine_ticket ticket = {0};
+    if (replaces) {
+        claim_locked(&op, &start, &end, 1, true, false);
+        struct release_request request = {start, end, RELEASE_MMAP_FIXED, &ticket, false, 0, 0};
+        release_locked(&op, &request);
+    }
+    int call_errno;
+    long result = op_run(&op, call, &call_errno);
+    bool failed = result == -1; /* MAP_FAILED */
+    if (failed) {
+        /* MAP_FIXED may have unmapped the old pages before failing. */
+        restore_locked(&op, &ticket, 0, UINTPTR_MAX, true);
+    } else {
+        ticket_discard_locked(engine, &ticket);
+        uintptr_t map_start, map_end;
+        if (locks && length >= engine->options.min_bytes &&
+            byte_range_pages(engine, (uintptr_t)result, length, &map_start, &map_end)) {
+            pthread_mutex_unlock(&engine->mutex);
+            struct range_place place = {.device = -1};
+            enum engine_choice choice =
+                engine->backend->choose_place(engine->backend->context, false, NULL, &place);
+            pthread_mutex_lock(&engine->mutex);
+            if (choice == ENGINE_PLACE_DISABLED)
+                engine_count(&engine->skipped_disabled);
+            /* A new mapping: only a racing call on addresses it did not own
+             * yet could claim it; then it stays unregistered. */
+            else if (op_claims(&op, map_start, map_end) ||
+                     (op.slot < 0 ? claim_locked(&op, &map_start, &map_end, 1, false, true)
+                                  : claim_more_locked(&op, map_start, map_end)))
+                add_range_locked(&op, map_start, map_end, (uintptr_t)result,
+                                 (uintptr_t)result + length, choice, &place);
+        } else if (locks && length < engine->options.min_bytes) {
+            engine_count(&engine->skipped_small);
+        }
+    }
+    op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+/* The first page in [start, end) that is not mapped, or end (binary search
+ * on the length of the mapped prefix). */
+static uintptr_t first_unmapped_page(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    bool (*is_mapped)(void *, uintptr_t, uintptr_t) = engine->backend->is_mapped;
+    void *context = engine->backend->context;
+    if (is_mapped == NULL || is_mapped(context, start, end))
+        return end;
+    uintptr_t page = engine->options.page_size;
+    uintptr_t mapped_pages = 0, total_pages = (end - start) / page;
+    while (total_pages - mapped_pages > 1) {
+        uintptr_t middle = mapped_pages + (total_pages - mapped_pages) / 2;
+        if (is_mapped(context, start, start + middle * page))
+            mapped_pages = middle;
+        else
+            total_pages = middle;
+    }
+    return start + mapped_pages * page;
+}
+
+long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
+                   enum release_reason reason, enum engine_failure_rule failure,
+                   const struct engine_call *call)
+{
+    if (!engine_active(engine) || start >= end)
+        return run_plain(call);
+    if (end > PAGE_INDEX_LIMIT)
+        end = PAGE_INDEX_LIMIT;
+    /* Only munlock must claim pages that hold no record: a lock of a buffer
+     * sharing a page may be running, and munlock undoes its lock. */
+    if (reason != RELEASE_MUNLOCK && !engine_may_overlap(engine, start, end))
+        return run_plain(call);
+    struct engine_op op;
+    op_begin(&op, engine);
+    claim_locked(&op, &start, &end, 1, true, false);
+    struct engine_ticket ticket = {0};
+    struct release_request request = {start, end, reason, &ticket, false, 0, 0};
+    release_locked(&op, &request);
+    int call_errno;
+    long result = op_run(&op, call, &call_errno);
+    if (result != 0) {
+        uintptr_t still_locked_from = start;
+        if (failure == ENGINE_FAILED_UNLOCKED_TO_HOLE && call_errno == ENOMEM) {
+            pthread_mutex_unlock(&engine->mutex);
+            still_locked_from = first_unmapped_page(engine, start, end);
+            pthread_mutex_lock(&engine->mutex);
+        }
+        restore_locked(&op, &ticket, still_locked_from, UINTPTR_MAX,
+                       failure == ENGINE_FAILED_MAY_HAVE_UNMAPPED);
+    } else {
+        ticket_discard_locked(engine, &ticket);
+    }
+    op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
+                          enum release_reason reason, bool can_fail, const struct engine_call *call)
+{
+    uintptr_t pages_start = page_floor(engine, start), pages_end = page_ceil(engine, end);
+    if (!engine_active(engine) || pages_end > PAGE_INDEX_LIMIT ||
+        !engine_may_overlap(engine, pages_start, pages_end))
+        return run_plain(call);
+    struct engine_op op;
+    op_begin(&op, engine);
+    claim_locked(&op, &pages_start, &pages_end, 1, true, false);
+    struct engine_ticket ticket = {0};
+    struct release_request request = {
+        pages_start, pages_end, reason, can_fail ? &ticket : NULL, true, start, end};
+    release_locked(&op, &request);
+    int call_errno;
+    long result = op_run(&op, call, &call_errno);
+    if (can_fail && result == 0)
+        restore_locked(&op, &ticket, 0, UINTPTR_MAX, false); /* the block is as it was */
+    else
+        ticket_discard_locked(engine, &ticket);
+    op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+/* ---- mremap ---- */
+
+#ifndef MREMAP_MAYMOVE
+#define MREMAP_MAYMOVE 1
+#endif
+#ifndef MREMAP_FIXED
+#define MREMAP_FIXED 2
+#endif
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+
+/* Registers at new_start what the ticket released in [old_start, old_end): a
+ * moved or resized locked mapping stays locked (Linux carries VM_LOCKED with
+ * the mapping), and growth of a locked mapping is locked too. */
+static void register_moved_locked(struct engine_op *op, struct engine_ticket *ticket,
+                                  uintptr_t old_start, uintptr_t old_end, uintptr_t new_start,
+                                  uintptr_t new_end)
+{
+    for (struct engine_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
+        if (piece->end <= old_start || piece->start >= old_end)
+            continue; /* released with the old mapping, not moved */
+        uintptr_t from = max_address(piece->start, old_start);
+        uintptr_t to = min_address(piece->end, old_end);
+        uintptr_t start = new_start + (from - old_start);
+        uintptr_t end = new_start + (to - old_start);
+        if (to == old_end || end > new_end)
+            end = new_end;
+        if (start < end)
+            add_range_locked(op, start, end, start, end,
+                             piece->state == RANGE_PENDING ? ENGINE_PLACE_DEFER
+                                                           : ENGINE_PLACE_READY,
+                             &piece->place);
+    }
+}
+
+struct locked_part_context {
+    struct engine_op *op;
+    const struct engine_piece *piece;
+};
+
+static void register_locked_part(void *context, uintptr_t start, uintptr_t end)
+{
+    struct locked_part_context *part = context;
+    struct engine *engine = part->op->engine;
+    pthread_mutex_lock(&engine->mutex);
+    if (op_claims(part->op, start, end))
+        add_range_locked(part->op, start, end, start, end,
+                         part->piece->state == RANGE_PENDING ? ENGINE_PLACE_DEFER
+                                                             : ENGINE_PLACE_READY,
+                         &part->piece->place);
+    pthread_mutex_unlock(&engine->mutex);
+}
+
+/* Registers the parts of [start, end) that the kernel holds locked, as the
+ * piece they came from was (registered, or pending). */
+static void register_where_locked_locked(struct engine_op *op, const struct engine_piece *piece,
+                                         uintptr_t start, uintptr_t end)
+{
+    struct engine *engine = op->engine;
+    if (start >= end || engine->backend->locked_parts == NULL)
+        return;
+    struct locked_part_context context = {op, piece};
+    pthread_mutex_unlock(&engine->mutex);
+    engine->backend->locked_parts(engine->backend->context, start, end, register_locked_part,
+                                  &context);
+    pthread_mutex_lock(&engine->mutex);
+}
+
+long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, size_t new_size,
+                  int flags, uintptr_t new_address, const struct engine_call *call)
+{
+    uintptr_t old_end = 0, target_start = 0, target_end = 0;
+    bool fixed = (flags & MREMAP_FIXED) != 0;
+    bool dontunmap = (flags & MREMAP_DONTUNMAP) != 0 && old_size != 0;
+    if (!engine_active(engine) || old_start % engine->options.page_size != 0)
+        return run_plain(call);
+    if (old_size != 0 && !byte_range_pages(engine, old_start, old_size, &old_start, &old_end))
+        return run_plain(call);
+    if (fixed && !byte_range_pages(engine, new_address, new_size, &target_start, &target_end))
+        fixed = false; /* the call fails with EINVAL; nothing to release there */
+    bool involved = (old_size != 0 && engine_may_overlap(engine, old_start, old_end)) ||
+                    (dontunmap && engine_has_registrations(engine)) ||
+                    (fixed && engine_may_overlap(engine, target_start, target_end));
+    if (!involved)
+        return run_plain(call);
+
+    /* MREMAP_DONTUNMAP changes locks beyond the moved range: Linux clears the
+     * lock of the mapping the old range lies in, and since 6.17 the moved
+     * range may first merge with its neighbours, so which pages stay locked
+     * depends on how the kernel merges mappings. The call is rare: release
+     * the registrations of the whole mappings around the old range, and
+     * register again only what /proc/self/smaps says is still locked. */
+    uintptr_t span_start = old_start, span_end = old_end;
+    if (dontunmap && engine->backend->mapping_bounds != NULL) {
+        uintptr_t low, high;
+        if (engine->backend->mapping_bounds(engine->backend->context, old_start, &low, &high))
+            span_start = min_address(span_start, low);
+        if (engine->backend->mapping_bounds(engine->backend->context, old_end - 1, &low, &high))
+            span_end = max_address(span_end, high);
+    }
+
+    struct engine_op op;
+    op_begin(&op, engine);
+    uintptr_t starts[2] = {span_start, target_start}, ends[2] = {span_end, target_end};
+    unsigned ranges = fixed ? 2 : 1;
+    if (old_size == 0) {
+        starts[0] = target_start;
+        ends[0] = target_end;
+        ranges = fixed ? 1 : 0;
+    }
+    if (ranges > 0)
+        claim_locked(&op, starts, ends, ranges, true, false);
+    struct engine_ticket moved = {0}, replaced = {0};
+    if (old_size != 0) {
+        struct release_request request = {span_start, span_end, RELEASE_MREMAP, &moved,
+                                          false,      0,        0};
+        release_locked(&op, &request);
+    }
+    if (fixed) {
+        struct release_request request = {target_start, target_end, RELEASE_MREMAP, &replaced,
+                                          false,        0,          0};
+        release_locked(&op, &request);
+    }
+    int call_errno;
+    long result = op_run(&op, call, &call_errno);
+    bool failed = result == -1; /* MAP_FAILED */
+    uintptr_t new_start = failed ? 0 : (uintptr_t)result, new_end = 0;
+    if (!failed)
+        new_end = page_ceil(engine, new_start + new_size);
+    /* The moved pages' new home: claimed already when fixed or in place;
+     * else a range the kernel just found free. */
+    bool may_register_new =
+        !failed && (op_claims(&op, new_start, new_end) ||
+                    (op.slot >= 0 && claim_more_locked(&op, new_start, new_end)));
+    if (dontunmap) {
+        /* After success a fixed target holds the moved pages, not what was
+         * registered there. */
+        uintptr_t cut_start = !failed && fixed ? target_start : 0;
+        uintptr_t cut_end = !failed && fixed ? target_end : 0;
+        for (struct engine_piece *piece = moved.head; piece != NULL; piece = piece->next) {
+            register_where_locked_locked(&op, piece, piece->start,
+                                         min_address(piece->end, cut_start));
+            register_where_locked_locked(&op, piece, max_address(piece->start, cut_end),
+                                         piece->end);
+            if (failed || !may_register_new || piece->end <= old_start ||
+                piece->start >= old_end)
+                continue;
+            uintptr_t from = max_address(piece->start, old_start);
+            uintptr_t to = min_address(piece->end, old_end);
+            register_where_locked_locked(&op, piece, new_start + (from - old_start),
+                                         new_start + (to - old_start));
+        }
+        /* A failed call changed nothing: what was registered at the target stays. */
+        for (struct engine_piece *piece = replaced.head; failed && piece != NULL;
+             piece = piece->next)
+            register_where_locked_locked(&op, piece, piece->start, piece->end);
+        ticket_discard_locked(engine, &moved);
+        ticket_discard_locked(engine, &replaced);
+    } else if (failed) {
+        restore_locked(&op, &moved, 0, UINTPTR_MAX, false);
+        restore_locked(&op, &replaced, 0, UINTPTR_MAX, true);
+    } else {
+        if (may_register_new)
+            register_moved_locked(&op, &moved, old_start, old_end, new_start, new_end);
+        ticket_discard_locked(engine, &moved);
+        ticket_discard_locked(engine, &replaced);
+    }
+    op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+/* ---- the program's own registrations ---- */
+
+long engine_program_register(struct engine *engine, uintptr_t start, size_t length,
+                             const struct engine_call *call)
+{
+    uintptr_t pages_start, pages_end;
+    if (!engine_active(engine) || length == 0 ||
+        !byte_range_pages(engine, start, length, &pages_start, &pages_end))
+        return run_plain(call);
+    struct engine_op op;
+    op_begin(&op, engine);
+    claim_locked(&op, &pages_start, &pages_end, 1, true, false);
+    /* Every page the program's range touches becomes the program's: the
+     * shim's registrations there go (the parts outside are registered again),
+     * queued and pending ones are dropped, before the program's call. */
+    struct engine_ticket ticket = {0};
+    struct release_request request = {pages_start, pages_end, RELEASE_PROGRAM, &ticket,
+                                      false,       0,          0};
+    release_locked(&op, &request);
+    bool had_shim = ticket.head != NULL;
+    int call_errno;
+    long result = op_run(&op, call, &call_errno);
+    if (result == ENGINE_CUDA_SUCCESS) {
+        ticket_discard_locked(engine, &ticket);
+        engine->program_registrations++;
+        struct range_registry *registry = &engine->registry;
+        uintptr_t cursor = pages_start;
+        while (cursor < pages_end) {
+            uintptr_t gap_start, gap_end = pages_end;
+            if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor,
+                                      pages_end, &gap_start))
+                break;
+            if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start,
+                                      pages_end, &gap_end))
+                gap_end = pages_end;
+            struct range_record record = {.base = gap_start,
+                                          .end = gap_end,
+                                          .lock_start = start,
+                                          .lock_end = start + length,
+                                          .place = {.device = -1},
+                                          .state = RANGE_PROGRAM,
+                                          .had_shim_registration = had_shim};
+            if (insert_record_locked(engine, &record) == NULL)
+                break; /* out of memory: a later lock there gets 712, counted */
+            cursor = gap_end;
+        }
+    } else {
+        restore_locked(&op, &ticket, 0, UINTPTR_MAX, false);
+    }
+    op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+bool engine_is_shim_registration(struct engine *engine, uintptr_t addr)
+{
+    if (!engine_may_overlap(engine, addr, addr + 1))
+        return false;
+    pthread_mutex_lock(&engine->mutex);
+    struct range_record *record = range_registry_containing(&engine->registry, addr);
+    bool shim = record != NULL && record->state != RANGE_PROGRAM;
+    pthread_mutex_unlock(&engine->mutex);
+    return shim;
+}
+
+struct take_back_context {
+    struct engine_op *op;
+    uintptr_t lock_start, lock_end;
+    enum engine_choice choice;
+    struct range_place place;
+};
+
+static void take_back_part(void *context, uintptr_t start, uintptr_t end)
+{
+    struct take_back_context *take = context;
+    struct engine *engine = take->op->engine;
+    pthread_mutex_lock(&engine->mutex);
+    if (op_claims(take->op, start, end))
+        add_range_locked(take->op, start, end, take->lock_start, take->lock_end, take->choice,
+                         &take->place);
+    pthread_mutex_unlock(&engine->mutex);
+}
+
+long engine_program_unregister(struct engine *engine, uintptr_t start,
+                               const struct engine_call *call)
+{
+    uintptr_t page = page_floor(engine, start);
+    if (!engine_active(engine) || page >= PAGE_INDEX_LIMIT ||
+        !engine_may_overlap(engine, page, page + engine->options.page_size))
+        return run_plain(call);
+    struct engine_op op;
+    op_begin(&op, engine);
+    uintptr_t page_end = page + engine->options.page_size;
+    claim_locked(&op, &page, &page_end, 1, true, false);
+    struct range_record *record = range_registry_containing(&engine->registry, start);
+    struct range_record program = {0};
+    if (record != NULL && record->state == RANGE_PROGRAM)
+        program = *record;
+    int call_errno;
+    long result = op_run(&op, call, &call_errno);
+    if (result == ENGINE_CUDA_SUCCESS && program.base != 0) {
+        engine->program_unregistrations++;
+        /* The program's registration may span several records (gaps between
+         * pages it already owned); they all came from one call. */
+        uintptr_t cursor = program.base;
+        for (;;) {
+            struct range_record *next = range_registry_find(&engine->registry, cursor);
+            if (next == NULL || next->state != RANGE_PROGRAM ||
+                next->lock_start != program.lock_start)
+                break;
+            cursor = next->end;
+            remove_record_locked(engine, next->base);
+        }
+        if (program.had_shim_registration && engine->backend->locked_parts != NULL &&
+            op_claims(&op, program.base, cursor)) {
+            /* The shim had these pages before the program took them: take
+             * back what is still locked. */
+            pthread_mutex_unlock(&engine->mutex);
+            struct take_back_context take = {&op, program.base, cursor, ENGINE_PLACE_DEFER,
+                                             {.device = -1}};
+            take.choice =
+                engine->backend->choose_place(engine->backend->context, false, NULL, &take.place);
+            if (take.choice != ENGINE_PLACE_DISABLED)
+                engine->backend->locked_parts(engine->backend->context, program.base, cursor,
+                                              take_back_part, &take);
+            pthread_mutex_lock(&engine->mutex);
+            engine->program_took_back++;
+        }
+    }
+    op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+/* ---- the registration thread ---- */
+
+/* Registers one queued record; false when the entry was stale. */
+static void register_queued_locked(struct engine *engine, uintptr_t base)
+{
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    if (record == NULL || record->state != RANGE_QUEUED)
+        return;
+    struct engine_op op = {.engine = engine, .slot = -1};
+    uintptr_t start = record->base, end = record->end;
+    if (!claim_locked(&op, &start, &end, 1, false, true))
+        return; /* shutting down */
+    record = range_registry_find(&engine->registry, base);
+    if (record != NULL && record->state == RANGE_QUEUED) {
+        engine->worker_busy = true;
+        set_state_locked(engine, record, RANGE_REGISTERING);
+        register_record_locked(engine, base, true);
+        engine->worker_busy = false;
+    }
+    engine->claims[op.slot].count = 0;
+    pthread_cond_broadcast(&engine->changed);
+}
+
+/* Asks the backend, for each pending record, whether a context exists now;
+ * those that have one are queued. Returns the backend's last answer. */
+static enum engine_choice place_pending_locked(struct engine *engine)
+{
+    struct engine_waiting *head = engine->pending_head;
+    engine->pending_head = engine->pending_tail = NULL;
+    enum engine_choice last = ENGINE_PLACE_DEFER_IDLE;
+    while (head != NULL) {
+        struct engine_waiting *entry = head;
+        head = entry->next;
+        struct range_record *record = range_registry_find(&engine->registry, entry->base);
+        if (record == NULL || record->state != RANGE_PENDING) {
+            node_pool_put(&engine->waiting_pool, entry);
             continue;
         }
-        struct range_record removed = *record;
-        record->state = RANGE_UNREGISTERING;
-
+        struct range_place hint = record->place, place = {.device = -1};
         pthread_mutex_unlock(&engine->mutex);
-        uint64_t began = now_nanoseconds();
-        int error =
-            engine->backend->unregister_range(engine->backend->context, (void *)removed.base);
-        uint64_t took = now_nanoseconds() - began;
+        last = engine->backend->choose_place(engine->backend->context, true, &hint, &place);
         pthread_mutex_lock(&engine->mutex);
-
-        struct pinshim_counters *counters = &engine->counters;
-        size_t length = removed.end - removed.base;
-        range_registry_remove(registry, removed.base);
-        publish_record_count(engine);
-        counters->unregister_nanoseconds += took;
-        counters->live_ranges--;
-        counters->live_bytes -= length;
-        (*reason_counter(counters, reason))++;
-        if (error == ENGINE_CUDA_SUCCESS) {
-            counters->unregister_ok++;
-            log_info("unregistered %#lx + %lu bytes in %.3f ms", (unsigned long)removed.base,
-                     (unsigned long)length, (double)took / 1e6);
-        } else if (reason == RELEASE_EXIT && error == ENGINE_CUDA_UNLOADING) {
-            /* The runtime tore itself down first; the kernel drops the pins. */
-            engine->exit_unloading++;
-            note_error(engine, error, engine->warned_unregister);
-        } else {
-            counters->unregister_failed++;
-            if (note_error(engine, error, engine->warned_unregister))
-                log_warn("cudaHostUnregister(%#lx) failed: %s (%d); further %s failures are "
-                         "counted, not logged",
-                         (unsigned long)removed.base, error_name(engine, error), error,
-                         error_name(engine, error));
+        record = range_registry_find(&engine->registry, entry->base);
+        if (record != NULL && record->state == RANGE_PENDING) {
+            if (last == ENGINE_PLACE_READY) {
+                record->place = place;
+                engine->deferred_registered++;
+                account_state_locked(engine, record, -1);
+                record->state = RANGE_QUEUED;
+                account_state_locked(engine, record, 1);
+            } else if (last == ENGINE_PLACE_DISABLED) {
+                engine->dropped_pending++;
+                remove_record_locked(engine, entry->base);
+            } else {
+                /* Still waiting: back on the list (the entry is reused). */
+                entry->next = NULL;
+                if (engine->pending_tail != NULL)
+                    engine->pending_tail->next = entry;
+                else
+                    engine->pending_head = entry;
+                engine->pending_tail = entry;
+                entry = NULL;
+            }
         }
-        if (ticket != NULL)
-            ticket_add(engine, ticket, removed.base > start ? removed.base : start,
-                       removed.end < end ? removed.end : end);
-        pthread_cond_broadcast(&engine->changed);
-        /* CUDA cannot unregister part of a range: put back what stays locked,
-         * unless the runtime still holds the old registration. */
-        if (error == ENGINE_CUDA_SUCCESS || error == ENGINE_CUDA_NOT_REGISTERED) {
-            if (removed.base < start)
-                register_gaps_locked(engine, removed.base, start, ENGINE_NO_UNLOCK_CHECK, false);
-            if (removed.end > end)
-                register_gaps_locked(engine, end, removed.end, ENGINE_NO_UNLOCK_CHECK, false);
-        }
-        if (engine->insert_generation != generation) {
-            cursor = start;
-            generation = engine->insert_generation;
-        } else {
-            cursor = removed.end;
+        if (entry != NULL)
+            node_pool_put(&engine->waiting_pool, entry);
+        if (last != ENGINE_PLACE_READY && last != ENGINE_PLACE_DISABLED) {
+            /* No context yet: the rest wait as they are. */
+            if (head != NULL) {
+                if (engine->pending_tail != NULL)
+                    engine->pending_tail->next = head;
+                else
+                    engine->pending_head = head;
+                while (head->next != NULL)
+                    head = head->next;
+                engine->pending_tail = head;
+            }
+            break;
         }
     }
-    pthread_mutex_unlock(&engine->mutex);
+    return last;
 }
 
-void engine_ticket_discard(struct engine *engine, struct engine_ticket *ticket)
+void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool queued_only)
 {
-    if (ticket->head == NULL)
-        return;
+    int cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     pthread_mutex_lock(&engine->mutex);
-    while (ticket->head != NULL) {
-        struct engine_ticket_piece *piece = ticket->head;
-        ticket->head = piece->next;
-        node_pool_put(&engine->piece_pool, piece);
+    uint64_t backoff = 10 * 1000 * 1000; /* 10 ms, doubling up to poll_nanoseconds */
+    if (backoff > poll_nanoseconds)
+        backoff = poll_nanoseconds;
+    while (!engine->shut_down) {
+        struct engine_waiting *entry = waiting_pop_locked(&engine->queue_head, &engine->queue_tail);
+        if (entry != NULL) {
+            uintptr_t base = entry->base;
+            node_pool_put(&engine->waiting_pool, entry);
+            register_queued_locked(engine, base);
+            continue;
+        }
+        if (engine->pending_ranges == 0 || queued_only)
+            break;
+        engine->poll_wakeups++;
+        enum engine_choice choice = place_pending_locked(engine);
+        if (choice == ENGINE_PLACE_READY || choice == ENGINE_PLACE_DISABLED) {
+            backoff = 10 * 1000 * 1000 < poll_nanoseconds ? 10 * 1000 * 1000 : poll_nanoseconds;
+            continue;
+        }
+        if (choice == ENGINE_PLACE_DEFER_IDLE && engine->queue_head == NULL)
+            break; /* no CUDA driver in the process: a later shim call pokes */
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        uint64_t at = (uint64_t)deadline.tv_nsec + backoff;
+        deadline.tv_sec += (time_t)(at / 1000000000u);
+        deadline.tv_nsec = (long)(at % 1000000000u);
+        pthread_cond_timedwait(&engine->changed, &engine->mutex, &deadline);
+        backoff = backoff * 2 < poll_nanoseconds ? backoff * 2 : poll_nanoseconds;
     }
+    engine->worker_active = false;
+    pthread_cond_broadcast(&engine->changed);
     pthread_mutex_unlock(&engine->mutex);
+    int ignored;
+    pthread_setcancelstate(cancel_state, &ignored);
 }
 
-void engine_restore(struct engine *engine, struct engine_ticket *ticket, uintptr_t clip_start,
-                    uintptr_t clip_end)
+size_t engine_drain(struct engine *engine)
 {
-    if (ticket->head == NULL)
-        return;
+    if (!engine->registry_ok)
+        return 0;
+    int cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     pthread_mutex_lock(&engine->mutex);
-    while (ticket->head != NULL) {
-        struct engine_ticket_piece *piece = ticket->head;
-        ticket->head = piece->next;
-        uintptr_t start = piece->start > clip_start ? piece->start : clip_start;
-        uintptr_t end = piece->end < clip_end ? piece->end : clip_end;
-        node_pool_put(&engine->piece_pool, piece);
-        if (start < end)
-            register_gaps_locked(engine, start, end, ENGINE_NO_UNLOCK_CHECK, false);
-    }
+    while (!engine->shut_down && engine->worker_active &&
+           (engine->queued_ranges != 0 || engine->worker_busy))
+        pthread_cond_wait(&engine->changed, &engine->mutex);
+    size_t pending = engine->pending_ranges;
     pthread_mutex_unlock(&engine->mutex);
+    int ignored;
+    pthread_setcancelstate(cancel_state, &ignored);
+    return pending;
 }
+
+void engine_worker_poke(struct engine *engine)
+{
+    if (!engine_active(engine) || !engine_worker_has_work(engine))
+        return;
+    struct engine_op op;
+    op_begin(&op, engine);
+    want_worker_locked(&op);
+    op_end(&op);
+}
+
+/* ---- exit and queries ---- */
 
 void engine_shutdown(struct engine *engine)
 {
     if (!engine->registry_ok)
         return;
-    pthread_mutex_lock(&engine->mutex);
+    struct engine_op op;
+    op_begin(&op, engine);
+    __atomic_store_n(&engine->shut_down, true, __ATOMIC_RELAXED);
+    pthread_cond_broadcast(&engine->changed);
+    /* Waits for the operations in flight, the registration thread's
+     * current call included; nothing new starts after shut_down. */
+    uintptr_t start = 0, end = PAGE_INDEX_LIMIT;
+    claim_locked(&op, &start, &end, 1, false, false);
     engine->live_ranges_at_exit = engine->counters.live_ranges;
     engine->live_bytes_at_exit = engine->counters.live_bytes;
-    __atomic_store_n(&engine->shut_down, true, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&engine->mutex);
-    engine_release(engine, 0, PAGE_INDEX_LIMIT, RELEASE_EXIT, NULL);
+    engine->pending_ranges_at_exit = engine->pending_ranges;
+    engine->pending_bytes_at_exit = engine->pending_bytes;
+    engine->queued_ranges_at_exit = engine->queued_ranges;
+    struct release_request request = {0, PAGE_INDEX_LIMIT, RELEASE_EXIT, NULL, false, 0, 0};
+    release_locked(&op, &request);
+    op_end(&op);
 }
 
 bool engine_is_registered(struct engine *engine, uintptr_t addr)
@@ -532,6 +1525,10 @@ void engine_get_counters(struct engine *engine, struct pinshim_counters *out)
 {
     pthread_mutex_lock(&engine->mutex);
     *out = engine->counters;
+    out->program_registrations = engine->program_registrations;
+    out->pending_ranges = engine->pending_ranges;
+    out->pending_bytes = engine->pending_bytes;
+    out->queued_ranges = engine->queued_ranges;
     pthread_mutex_unlock(&engine->mutex);
     out->register_skipped_small = __atomic_load_n(&engine->skipped_small, __ATOMIC_RELAXED);
     out->mlockall_calls = __atomic_load_n(&engine->mlockall_calls, __ATOMIC_RELAXED);
@@ -548,4 +1545,25 @@ size_t engine_get_errors(struct engine *engine, struct engine_error_count *out, 
             out[n++] = engine->errors[i];
     pthread_mutex_unlock(&engine->mutex);
     return n;
+}
+
+size_t engine_get_devices(struct engine *engine, struct engine_device_counts *out, size_t max)
+{
+    size_t used = 0;
+    pthread_mutex_lock(&engine->mutex);
+    for (size_t i = 0; i < ENGINE_MAX_DEVICES && i < max; i++) {
+        out[i] = engine->devices[i];
+        if (out[i].registrations != 0)
+            used = i + 1;
+    }
+    pthread_mutex_unlock(&engine->mutex);
+    return used;
+}
+
+uint64_t engine_live_bytes(struct engine *engine)
+{
+    pthread_mutex_lock(&engine->mutex);
+    uint64_t bytes = engine->counters.live_bytes;
+    pthread_mutex_unlock(&engine->mutex);
+    return bytes;
 }

@@ -1,10 +1,20 @@
 /* The engine: keeps CUDA registrations equal to the program's locked pages.
  * It takes its CUDA calls through a narrow backend so tests can drive it
- * without LD_PRELOAD. Callers pass page-aligned [start, end) ranges.
+ * without LD_PRELOAD.
  *
- * Locking: one mutex guards the registry; it is never held across a backend
- * call. A range whose backend call is in flight stays in the registry as
- * pending, and operations that touch it wait on a condition variable. */
+ * The protocol. Every entry point (lock, unlock, unmap, remap, free, the
+ * program's own registrations) is one engine call that owns the whole
+ * sequence: it claims the pages it will touch, releases what must go before
+ * the real call, runs the real call (passed in), registers or restores what
+ * the outcome asks for, and drops its claim. Claims on overlapping pages wait
+ * for each other, so no two operations ever interleave on a page (a lock and
+ * an unlock of two buffers that share a page included); claims on disjoint
+ * pages run in parallel. One mutex guards the registry and the claims; it is
+ * never held across a backend call or a real call.
+ *
+ * Lock-free readers (free's check, pinshim_is_registered) see a page covered
+ * from the moment a record for it is inserted until it is removed: a release
+ * that splits a registration keeps the remainder's pages marked throughout. */
 #ifndef PINSHIM_ENGINE_H
 #define PINSHIM_ENGINE_H
 
@@ -18,29 +28,61 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* cudaError_t values the engine interprets. */
+/* cudaError_t / CUresult values the engine interprets (same numbers in both APIs). */
 enum {
     ENGINE_CUDA_SUCCESS = 0,
-    ENGINE_CUDA_UNLOADING = 4,
+    ENGINE_CUDA_DEINITIALIZED = 4, /* cudaErrorCudartUnloading / CUDA_ERROR_DEINITIALIZED */
     ENGINE_CUDA_ALREADY_REGISTERED = 712,
     ENGINE_CUDA_NOT_REGISTERED = 713,
+    /* Not a CUDA code: the place chosen for a registration has no live context
+     * any more; the range waits for one (deferred). */
+    ENGINE_CUDA_NO_CONTEXT = -1,
+};
+
+/* Where a registration made now would go. */
+enum engine_choice {
+    ENGINE_PLACE_READY,    /* *place filled in */
+    ENGINE_PLACE_DEFER,    /* no CUDA context in the process yet: look again soon */
+    ENGINE_PLACE_DEFER_IDLE, /* not even a CUDA driver loaded: wait until a shim call sees one */
+    ENGINE_PLACE_DISABLED, /* registration is off for good in this process */
 };
 
 struct engine_backend {
     void *context;
-    /* Loads the runtime on first use; false means registration is off for good. */
-    bool (*ready)(void *context);
-    int (*register_range)(void *context, void *base, size_t length);
-    int (*unregister_range)(void *context, void *base);
+    /* Where a registration of memory locked by the calling thread would go.
+     * from_worker: called on the engine's own registration thread (which has
+     * no context of its own); hint is the place the locking thread pointed
+     * at, or NULL. */
+    enum engine_choice (*choose_place)(void *context, bool from_worker,
+                                       const struct range_place *hint, struct range_place *place);
+    int (*register_range)(void *context, const struct range_place *place, void *base,
+                          size_t length);
+    int (*unregister_range)(void *context, const struct range_place *place, void *base);
     /* Name of an error code, for messages; may return NULL. */
     const char *(*error_name)(void *context, int error);
     /* Optional: calls found for each part of [start, end) the kernel holds
-     * locked now. Used when too many unlocks raced a lock to tell which pages
-     * they touched. */
+     * locked now (after MREMAP_DONTUNMAP, whose effect on locks depends on
+     * how the kernel merges mappings). */
     bool (*locked_parts)(void *context, uintptr_t start, uintptr_t end,
                          void (*found)(void *found_context, uintptr_t part_start,
                                        uintptr_t part_end),
                          void *found_context);
+    /* Optional: calls found for each run of resident pages in [start, end)
+     * (mlock2 MLOCK_ONFAULT registers what is resident). */
+    bool (*resident_parts)(void *context, uintptr_t start, uintptr_t end,
+                           void (*found)(void *found_context, uintptr_t part_start,
+                                         uintptr_t part_end),
+                           void *found_context);
+    /* Optional: whether every page of [start, end) is mapped. */
+    bool (*is_mapped)(void *context, uintptr_t start, uintptr_t end);
+    /* Optional: the [start, end) of the mapping (VMA) that holds addr. */
+    bool (*mapping_bounds)(void *context, uintptr_t addr, uintptr_t *start, uintptr_t *end);
+    /* Optional: the engine started or stopped wanting its registration
+     * thread (the runtime runs engine_worker_run on a thread of its own). */
+    void (*wake_worker)(void *context);
+    /* Optional: a registration succeeded or is about to be undone (madvise
+     * MADV_DONTFORK / MADV_DOFORK when asked for). */
+    void (*registered)(void *context, uintptr_t start, uintptr_t end, bool added);
 };
 
 enum release_reason {
@@ -51,76 +93,112 @@ enum release_reason {
     RELEASE_MREMAP,
     RELEASE_MMAP_FIXED,
     RELEASE_EXIT,
+    RELEASE_PROGRAM, /* the program registered the pages itself */
     RELEASE_REASON_COUNT
 };
 
-/* Pieces of registrations a release removed, so a failed munlock/munmap/...
- * can put them back. */
-struct engine_ticket_piece {
-    uintptr_t start, end;
-    struct engine_ticket_piece *next;
+/* mlock2(MLOCK_ONFAULT): what is registered. */
+enum engine_onfault {
+    ENGINE_ONFAULT_RESIDENT = 0, /* the pages resident when the lock returns */
+    ENGINE_ONFAULT_SKIP,         /* nothing */
+    ENGINE_ONFAULT_ALL,          /* all of it (registration faults the rest in) */
 };
-struct engine_ticket {
-    struct engine_ticket_piece *head;
+
+struct engine_options {
+    uint64_t min_bytes;
+    uint64_t max_registration_bytes; /* larger ranges are registered in chunks */
+    bool asynchronous;               /* lock calls return before registration */
+    enum engine_onfault onfault;
+    uintptr_t page_size;
+};
+
+/* The real call of an entry point, run by the engine inside its protocol.
+ * run returns the call's result (an int, or a pointer, as a long). */
+struct engine_call {
+    long (*run)(void *arguments);
+    void *arguments;
+};
+
+/* What a failed unlock-type call left locked, to register again. */
+enum engine_failure_rule {
+    ENGINE_FAILED_CHANGED_NOTHING,      /* munmap, munlockall, realloc */
+    ENGINE_FAILED_UNLOCKED_TO_HOLE,     /* munlock: ENOMEM after unlocking up to a hole */
+    ENGINE_FAILED_MAY_HAVE_UNMAPPED,    /* mmap(MAP_FIXED): put back what is still mapped */
 };
 
 #define ENGINE_ERROR_SLOTS 32
-/* Recent and running munlock ranges, to tell a lock racing an unlock of a shared page. */
-#define ENGINE_RECENT_UNLOCKS 1024
-#define ENGINE_UNLOCKS_IN_FLIGHT 32
-/* engine_register_pages callers that need no race check pass this. */
-#define ENGINE_NO_UNLOCK_CHECK UINT64_MAX
-
-struct engine_unlock_note {
-    uintptr_t start, end;
-    uint64_t sequence;
-};
+#define ENGINE_CLAIMS 64
+#define ENGINE_MAX_DEVICES 64
 
 struct engine_error_count {
     int code;
     uint64_t count;
 };
 
+/* Pages claimed by one running operation: up to two ranges. */
+struct engine_claim {
+    uintptr_t start[2], end[2];
+    unsigned count; /* 0: free slot */
+};
+
+struct engine_device_counts {
+    uint64_t registrations, bytes;
+};
+
 struct engine {
     pthread_mutex_t mutex;
-    pthread_cond_t changed;
+    pthread_cond_t changed; /* claims dropped, worker work */
     struct range_registry registry;
     const struct engine_backend *backend;
-    uint64_t min_bytes;
-    uintptr_t page_size;
+    struct engine_options options;
     size_t record_count; /* read without the lock by the fast paths */
-    /* [span_start, span_end) holds every registration (and may hold more: it
-     * only grows while records exist and starts afresh with the first record
-     * after none); written under the mutex, read without it by the fast paths. */
+    /* [span_start, span_end) holds every record (and may hold more: it only
+     * grows while records exist and starts afresh with the first record after
+     * none); written under the mutex, read without it by the fast paths. */
     uintptr_t span_start, span_end;
-    uint64_t insert_generation; /* bumped on every insert, under the mutex */
     bool registry_ok;
     bool shut_down;
+    struct engine_claim claims[ENGINE_CLAIMS];
+    /* Records waiting for the registration thread (QUEUED) or for a context
+     * (PENDING), by base; stale entries are skipped. */
+    struct engine_waiting *queue_head, *queue_tail, *pending_head, *pending_tail;
+    size_t queued_ranges, pending_ranges; /* written under the mutex, read without it */
+    uint64_t pending_bytes;
+    bool worker_active;     /* a registration thread runs (or is being started) */
+    bool worker_busy;       /* it is registering a range now */
+    uint64_t poll_wakeups;  /* times the thread looked for a context */
     struct pinshim_counters counters; /* guarded by mutex; the fields below are not */
     /* Bumped with relaxed atomics outside the lock, merged by engine_get_counters. */
     uint64_t skipped_small, lock_calls, unlock_calls, mlockall_calls;
-    uint64_t skipped_disabled; /* locks not registered: no usable runtime */
+    uint64_t skipped_disabled; /* locks not registered: registration off in this process */
     uint64_t skipped_address;  /* locks above the indexed address space */
-    uint64_t exit_unloading;   /* exit unregistrations answered cudaErrorCudartUnloading */
+    uint64_t skipped_onfault_pages; /* MLOCK_ONFAULT pages not resident, not registered */
+    uint64_t exit_unloading;   /* exit unregistrations answered "runtime/driver unloading" */
     uint64_t live_ranges_at_exit, live_bytes_at_exit;
-    uint64_t skipped_race;    /* pages left unregistered: an unlock raced the lock */
-    uint64_t unlock_sequence; /* munlock calls noted; read without the lock */
-    struct engine_unlock_note recent_unlocks[ENGINE_RECENT_UNLOCKS];
-    struct engine_unlock_note unlocks_in_flight[ENGINE_UNLOCKS_IN_FLIGHT]; /* sequence 0: free */
-    unsigned unlocks_in_flight_overflow; /* running unlocks with no slot: all pages conflict */
+    uint64_t pending_ranges_at_exit, pending_bytes_at_exit;
+    uint64_t queued_ranges_at_exit, queued_bytes_at_exit;
+    uint64_t deferred_total, deferred_registered; /* ranges that waited for a context */
+    uint64_t cancelled_queued, dropped_pending; /* released before they were registered */
+    uint64_t gone_with_context; /* unregistrations that found the registration gone (713) */
+    uint64_t program_registrations, program_unregistrations, program_took_back;
+    uint64_t wait_nanoseconds;       /* time program threads spent in backend calls */
+    uint64_t background_nanoseconds; /* time the registration thread spent in them */
+    struct engine_device_counts devices[ENGINE_MAX_DEVICES];
     struct engine_error_count errors[ENGINE_ERROR_SLOTS];
     uint32_t warned_register[ENGINE_ERROR_SLOTS], warned_unregister[ENGINE_ERROR_SLOTS];
     struct node_pool piece_pool;
+    struct node_pool waiting_pool;
 };
 
-bool engine_init(struct engine *engine, const struct engine_backend *backend, uint64_t min_bytes,
-                 uintptr_t page_size);
+bool engine_init(struct engine *engine, const struct engine_backend *backend,
+                 const struct engine_options *options);
 void engine_destroy(struct engine *engine);
-/* In a fork child: forget every registration (they are the parent's) and counters. */
+/* In a fork child: forget every registration (they are the parent's), claim,
+ * queued work and counter. Only the forking thread exists there. */
 void engine_reset_after_fork(struct engine *engine);
 
-/* Lock-free: whether any registration may overlap [start, end). The first load
- * is all a process with no registration pays. */
+/* Lock-free: whether any record may overlap [start, end). The first load is
+ * all a process with no record pays. */
 static inline bool engine_may_overlap(const struct engine *engine, uintptr_t start, uintptr_t end)
 {
     if (__atomic_load_n(&engine->record_count, __ATOMIC_RELAXED) == 0)
@@ -136,47 +214,87 @@ static inline bool engine_has_registrations(const struct engine *engine)
     return __atomic_load_n(&engine->record_count, __ATOMIC_RELAXED) != 0;
 }
 
-/* Lock and unlock race on a page two buffers share: the kernel may unlock it
- * after the lock returned and before the engine registers it. The lock path
- * reads the unlock sequence before the real lock. Every munlock is marked as
- * running (engine_begin_unlock) before its release and real call, and noted
- * with a new sequence number when it ends (engine_end_unlock). Pages that a
- * running unlock, or one that ended after the lock read the sequence, touches
- * are left unregistered: at worst a page DMA-copied at pageable speed, never a
- * registration of unlocked memory. */
-static inline uint64_t engine_unlock_sequence(const struct engine *engine)
+#define ENGINE_LOCK_ONFAULT 1u
+
+/* mlock, mlock2: runs call (the real lock); when it succeeds and length is at
+ * least min_bytes, the pages of [addr, addr + length) not yet registered are
+ * registered (now, by the registration thread, or once the process has a
+ * CUDA context). Returns what call returned, with its errno. */
+long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned flags,
+                 const struct engine_call *call);
+
+/* mmap, mmap64 with MAP_FIXED (replace, when the fixed range is to be
+ * released first) and/or MAP_LOCKED (locks: register the new mapping). */
+long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, bool replaces,
+                bool locks, const struct engine_call *call);
+
+/* munlock, munmap, munlockall: releases the registrations overlapping the
+ * pages [start, end) (re-registering the parts outside it), runs call, and
+ * after a failure registers again what the call left locked. */
+long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
+                   enum release_reason reason, enum engine_failure_rule failure,
+                   const struct engine_call *call);
+
+/* mremap. flags are mremap's; new_address is read with MREMAP_FIXED. */
+long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, size_t new_size,
+                  int flags, uintptr_t new_address, const struct engine_call *call);
+
+/* free, realloc: the block [start, end) (its usable bytes) goes back to the
+ * allocator. A record whose lock covered bytes of the block loses every page
+ * the block touches; a record made for other memory keeps the pages it
+ * shares with the block and loses only the pages inside it. call failing
+ * (realloc returning NULL for a nonzero size) restores what was released. */
+long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
+                          enum release_reason reason, bool can_fail, const struct engine_call *call);
+
+/* The program's own cudaHostRegister / cudaHostUnregister (call: the real
+ * one). Before the program registers, the shim gives up every page of the
+ * range (its own registrations go, queued and pending ones are dropped); when
+ * the program's call succeeds the pages are the program's until it
+ * unregisters them, and then the shim takes back the locked pages it had. */
+long engine_program_register(struct engine *engine, uintptr_t start, size_t length,
+                             const struct engine_call *call);
+long engine_program_unregister(struct engine *engine, uintptr_t start,
+                               const struct engine_call *call);
+/* Whether addr lies in a registration of the shim's own (not the program's):
+ * the program's cudaHostUnregister of such an address must not undo it. */
+bool engine_is_shim_registration(struct engine *engine, uintptr_t addr);
+
+/* The registration thread's body: registers queued ranges and, while ranges
+ * wait for a context, asks the backend every poll_nanoseconds. Returns when
+ * nothing is left to do (or at shut-down); the caller's thread then ends.
+ * queued_only: register what is queued and return without waiting for a
+ * context (when no thread could be started, the caller runs it itself). */
+void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool queued_only);
+/* Whether the engine has work for the registration thread. Lock-free. */
+static inline bool engine_worker_has_work(const struct engine *engine)
 {
-    return __atomic_load_n(&engine->unlock_sequence, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&engine->queued_ranges, __ATOMIC_RELAXED) != 0 ||
+           __atomic_load_n(&engine->pending_ranges, __ATOMIC_RELAXED) != 0;
 }
-int engine_begin_unlock(struct engine *engine, uintptr_t start, uintptr_t end);
-void engine_end_unlock(struct engine *engine, int token, uintptr_t start, uintptr_t end);
-/* An unlock that is already over: begin and end at once. */
-void engine_note_unlock(struct engine *engine, uintptr_t start, uintptr_t end);
+static inline bool engine_has_pending(const struct engine *engine)
+{
+    return __atomic_load_n(&engine->pending_ranges, __ATOMIC_RELAXED) != 0;
+}
+/* Waits until nothing is queued for or being registered by the registration
+ * thread; returns the number of ranges still pending (waiting for a context). */
+size_t engine_drain(struct engine *engine);
+/* Wakes the registration thread (a context may have appeared). */
+void engine_worker_poke(struct engine *engine);
 
-/* After a successful lock of [addr, addr + length) (byte range as the caller gave
- * it): registers the pages not yet registered, when length >= min_bytes, except
- * those an unlock noted after unlocks_before touches. */
-void engine_after_lock(struct engine *engine, uintptr_t addr, size_t length,
-                       uint64_t unlocks_before);
-/* Registers every unregistered page of [start, end) regardless of min_bytes. */
-void engine_register_pages(struct engine *engine, uintptr_t start, uintptr_t end);
-/* Before [start, end) is unlocked or released: unregisters every registration
- * overlapping it and re-registers their parts outside it. With a ticket,
- * the removed pieces are recorded for engine_restore. */
-void engine_release(struct engine *engine, uintptr_t start, uintptr_t end,
-                    enum release_reason reason, struct engine_ticket *ticket);
-/* Re-registers the ticket's pieces clipped to [clip_start, clip_end), then drops it. */
-void engine_restore(struct engine *engine, struct engine_ticket *ticket, uintptr_t clip_start,
-                    uintptr_t clip_end);
-void engine_ticket_discard(struct engine *engine, struct engine_ticket *ticket);
-
-/* At exit: records what is live, unregisters it and stops registering. */
+/* At exit: waits for the operations in flight, records what is live, pending
+ * and queued, unregisters what is registered and stops registering. */
 void engine_shutdown(struct engine *engine);
 
 bool engine_is_registered(struct engine *engine, uintptr_t addr);
 void engine_get_counters(struct engine *engine, struct pinshim_counters *out);
 /* Copies the error histogram; returns the number of entries. */
 size_t engine_get_errors(struct engine *engine, struct engine_error_count *out, size_t max);
+/* Copies per-device registrations (index = device); returns the highest
+ * device with any, plus one. */
+size_t engine_get_devices(struct engine *engine, struct engine_device_counts *out, size_t max);
+/* Total bytes the shim holds registered now (for the fork warning). */
+uint64_t engine_live_bytes(struct engine *engine);
 
 static inline void engine_count(uint64_t *counter)
 {

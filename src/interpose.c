@@ -160,66 +160,6 @@ static inline uintptr_t range_end(uintptr_t addr, size_t length)
     return page_ceil(end < addr ? UINTPTR_MAX : end);
 }
 
-/* Whether every page of [start, end) is mapped: msync(MS_ASYNC) checks the
- * mapping and, since Linux 2.6.19, does nothing else. */
-static bool range_is_mapped(uintptr_t start, uintptr_t end)
-{
-    return start >= end || syscall(SYS_msync, start, end - start, MS_ASYNC) == 0;
-}
-
-/* The first unmapped page in [start, end), or end. Linux applies munlock up to
- * the first hole and then fails with ENOMEM. */
-static uintptr_t first_unmapped_page(uintptr_t start, uintptr_t end)
-{
-    int saved_errno = errno;
-    uintptr_t result = end;
-    if (!range_is_mapped(start, end)) {
-        /* Binary search on the length of the fully mapped prefix. */
-        uintptr_t mapped_pages = 0, total_pages = (end - start) / runtime_page_size;
-        while (total_pages - mapped_pages > 1) {
-            uintptr_t middle = mapped_pages + (total_pages - mapped_pages) / 2;
-            if (range_is_mapped(start, start + middle * runtime_page_size))
-                mapped_pages = middle;
-            else
-                total_pages = middle;
-        }
-        result = start + mapped_pages * runtime_page_size;
-    }
-    errno = saved_errno;
-    return result;
-}
-
-/* Puts back the ticket's pieces that are still mapped (after a failed replace). */
-static void restore_mapped_pieces(struct engine_ticket *ticket)
-{
-    for (struct engine_ticket_piece *piece = ticket->head; piece != NULL; piece = piece->next)
-        if (range_is_mapped(piece->start, piece->end))
-            engine_register_pages(&runtime_engine, piece->start, piece->end);
-    engine_ticket_discard(&runtime_engine, ticket);
-}
-
-/* Unregisters what overlaps [start, end) before a call that unlocks or releases
- * it, keeping the caller's errno for the real call. */
-static void release_before(uintptr_t start, uintptr_t end, enum release_reason reason,
-                           struct engine_ticket *ticket)
-{
-    int saved_errno = errno;
-    engine_release(&runtime_engine, start, end, reason, ticket);
-    errno = saved_errno;
-}
-
-/* After the real call: when it failed, registers again what it left locked
- * (from still_locked_from on); either way keeps the call's errno. */
-static void settle_after(struct engine_ticket *ticket, bool failed, uintptr_t still_locked_from)
-{
-    int saved_errno = errno;
-    if (failed)
-        engine_restore(&runtime_engine, ticket, still_locked_from, UINTPTR_MAX);
-    else
-        engine_ticket_discard(&runtime_engine, ticket);
-    errno = saved_errno;
-}
-
 /* ---- allocation ---- */
 
 /* Whether the checks allowed glibc's chunk header as the source of block ends. */
@@ -254,20 +194,42 @@ static inline bool block_may_hold_registration(void *ptr, uintptr_t *start, uint
     return engine_may_overlap(&runtime_engine, *start, *end);
 }
 
-/* Releases the registrations overlapping the block's pages, rounded outward. */
-__attribute__((noinline, cold)) static void release_block(uintptr_t start, uintptr_t end,
-                                                          enum release_reason reason,
-                                                          struct engine_ticket *ticket)
+/* The real calls, run by the engine inside its protocol. Every engine call
+ * runs inside the guard: a signal handler or the CUDA runtime calling back
+ * into the shim meanwhile goes straight to the real function rather than
+ * wait for the operation it interrupted. */
+struct block_call {
+    void *ptr;
+    size_t nmemb, size;
+    bool is_array;
+};
+
+static long run_free(void *arguments)
 {
-    release_before(page_floor(start), page_ceil(end), reason, ticket);
+    real_free()(((struct block_call *)arguments)->ptr);
+    return 0;
+}
+
+static long run_realloc(void *arguments)
+{
+    struct block_call *call = arguments;
+    if (call->is_array && real.reallocarray != NULL)
+        return (long)real.reallocarray(call->ptr, call->nmemb, call->size);
+    return (long)real.realloc(call->ptr, call->nmemb * call->size);
 }
 
 __attribute__((noinline)) static void free_with_registrations(void *ptr)
 {
     uintptr_t start, end;
-    if (block_may_hold_registration(ptr, &start, &end) && !runtime_guarded())
-        release_block(start, end, RELEASE_FREE, NULL);
-    real_free()(ptr);
+    if (!block_may_hold_registration(ptr, &start, &end) || runtime_guarded()) {
+        real_free()(ptr);
+        return;
+    }
+    struct block_call arguments = {.ptr = ptr};
+    struct engine_call call = {run_free, &arguments};
+    runtime_guard_enter();
+    engine_release_block(&runtime_engine, start, end, RELEASE_FREE, false, &call);
+    runtime_guard_leave();
 }
 
 /* With registrations. A block above every registration is cleared by one
@@ -319,24 +281,25 @@ static void *realloc_common(void *ptr, size_t nmemb, size_t size, bool is_array)
         }
         return __libc_realloc(ptr, total);
     }
+    uintptr_t start, end;
     if (ptr == NULL || overflow || runtime_guarded() ||
-        !engine_has_registrations(&runtime_engine)) {
+        !engine_has_registrations(&runtime_engine) ||
+        !block_may_hold_registration(ptr, &start, &end)) {
         if (is_array)
             return real.reallocarray
                        ? real.reallocarray(ptr, nmemb, size)
                        : (overflow ? (errno = ENOMEM, NULL) : real.realloc(ptr, total));
         return real.realloc(ptr, size);
     }
-    struct engine_ticket ticket = {0};
-    /* realloc(p, 0) frees p: nothing to put back afterwards. */
-    uintptr_t start, end;
-    if (block_may_hold_registration(ptr, &start, &end))
-        release_block(start, end, RELEASE_REALLOC, total == 0 ? NULL : &ticket);
-    void *result = is_array && real.reallocarray ? real.reallocarray(ptr, nmemb, size)
-                                                 : real.realloc(ptr, total);
-    /* A failed realloc leaves the block untouched and its pages locked. */
-    settle_after(&ticket, result == NULL && total != 0, 0);
-    return result;
+    struct block_call arguments = {ptr, is_array ? nmemb : 1, is_array ? size : total, is_array};
+    struct engine_call call = {run_realloc, &arguments};
+    /* realloc(p, 0) frees p; a failed realloc leaves the block and its pages
+     * as they were, so what was released is put back. */
+    runtime_guard_enter();
+    long result =
+        engine_release_block(&runtime_engine, start, end, RELEASE_REALLOC, total != 0, &call);
+    runtime_guard_leave();
+    return (void *)result;
 }
 
 PINSHIM_EXPORT void *realloc(void *ptr, size_t size)
@@ -426,41 +389,79 @@ static void choose_block_extent_source_once(size_t length)
 
 /* ---- locking ---- */
 
-static void after_successful_lock(const void *addr, size_t length, uint64_t unlocks_before)
+struct lock_call {
+    const void *addr;
+    size_t length;
+    unsigned flags;
+    int mlockall_flags;
+};
+
+static long run_mlock(void *arguments)
+{
+    struct lock_call *call = arguments;
+    return real.mlock(call->addr, call->length);
+}
+
+static long run_mlock2(void *arguments)
+{
+    struct lock_call *call = arguments;
+    if (real.mlock2 != NULL)
+        return real.mlock2(call->addr, call->length, call->flags);
+    return syscall(SYS_mlock2, call->addr, call->length, call->flags);
+}
+
+static long run_munlock(void *arguments)
+{
+    struct lock_call *call = arguments;
+    return real.munlock(call->addr, call->length);
+}
+
+static long run_munlockall(void *arguments)
+{
+    (void)arguments;
+    return real.munlockall();
+}
+
+/* A lock that may register: counts it, picks free's block-size source once,
+ * and hands the call to the engine. */
+static int lock_through_engine(const void *addr, size_t len, unsigned engine_flags,
+                               long (*run)(void *), struct lock_call *arguments)
 {
     int saved_errno = errno;
     runtime_ensure_initialized();
     engine_count(&runtime_engine.lock_calls);
-    choose_block_extent_source_once(length);
-    engine_after_lock(&runtime_engine, (uintptr_t)addr, length, unlocks_before);
+    choose_block_extent_source_once(len);
+    runtime_notice_cuda();
     errno = saved_errno;
+    struct engine_call call = {run, arguments};
+    runtime_guard_enter();
+    int result = (int)engine_lock(&runtime_engine, (uintptr_t)addr, len, engine_flags, &call);
+    runtime_guard_leave();
+    return result;
 }
 
 PINSHIM_EXPORT int mlock(const void *addr, size_t len)
 {
     ensure_resolved();
-    uint64_t unlocks_before = engine_unlock_sequence(&runtime_engine);
-    int result = real.mlock(addr, len);
-    if (result == 0 && !runtime_guarded())
-        after_successful_lock(addr, len, unlocks_before);
-    return result;
+    if (runtime_guarded())
+        return real.mlock(addr, len);
+    struct lock_call arguments = {addr, len, 0, 0};
+    return lock_through_engine(addr, len, 0, run_mlock, &arguments);
 }
+
+#ifndef MLOCK_ONFAULT
+#define MLOCK_ONFAULT 1
+#endif
 
 PINSHIM_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
 {
     ensure_resolved();
-    uint64_t unlocks_before = engine_unlock_sequence(&runtime_engine);
-    int result;
-    if (real.mlock2 != NULL) {
-        result = real.mlock2(addr, len, flags);
-    } else {
-        result = (int)syscall(SYS_mlock2, addr, len, flags);
-    }
-    /* MLOCK_ONFAULT locks lazily; registering faults the pages in, which the
-     * program asked to keep resident anyway. */
-    if (result == 0 && !runtime_guarded())
-        after_successful_lock(addr, len, unlocks_before);
-    return result;
+    struct lock_call arguments = {addr, len, flags, 0};
+    if (runtime_guarded())
+        return (int)run_mlock2(&arguments);
+    /* MLOCK_ONFAULT locks lazily: PINSHIM_ONFAULT says what is registered. */
+    return lock_through_engine(addr, len, (flags & MLOCK_ONFAULT) ? ENGINE_LOCK_ONFAULT : 0,
+                               run_mlock2, &arguments);
 }
 
 PINSHIM_EXPORT int munlock(const void *addr, size_t len)
@@ -468,25 +469,19 @@ PINSHIM_EXPORT int munlock(const void *addr, size_t len)
     ensure_resolved();
     if (runtime_guarded())
         return real.munlock(addr, len);
-    engine_count(&runtime_engine.unlock_calls);
-    uintptr_t start = page_floor((uintptr_t)addr);
-    uintptr_t end = range_end((uintptr_t)addr, len);
-    runtime_ensure_initialized();
-    int unlock_token = engine_begin_unlock(&runtime_engine, start, end);
-    int result;
-    if (!engine_may_overlap(&runtime_engine, start, end)) {
-        result = real.munlock(addr, len);
-    } else {
-        struct engine_ticket ticket = {0};
-        release_before(start, end, RELEASE_MUNLOCK, &ticket);
-        result = real.munlock(addr, len);
-        /* ENOMEM: Linux unlocked up to the first hole; the rest is still locked. */
-        settle_after(&ticket, result != 0,
-                     result != 0 && errno == ENOMEM ? first_unmapped_page(start, end) : start);
-    }
     int saved_errno = errno;
-    engine_end_unlock(&runtime_engine, unlock_token, start, end);
+    runtime_ensure_initialized();
+    engine_count(&runtime_engine.unlock_calls);
+    runtime_notice_cuda();
     errno = saved_errno;
+    struct lock_call arguments = {addr, len, 0, 0};
+    struct engine_call call = {run_munlock, &arguments};
+    /* ENOMEM: Linux unlocked up to the first hole; the rest is still locked. */
+    runtime_guard_enter();
+    int result = (int)engine_unlock(&runtime_engine, page_floor((uintptr_t)addr),
+                                    range_end((uintptr_t)addr, len), RELEASE_MUNLOCK,
+                                    ENGINE_FAILED_UNLOCKED_TO_HOLE, &call);
+    runtime_guard_leave();
     return result;
 }
 
@@ -508,21 +503,35 @@ PINSHIM_EXPORT int munlockall(void)
     ensure_resolved();
     if (runtime_guarded())
         return real.munlockall();
-    engine_count(&runtime_engine.unlock_calls);
-    runtime_ensure_initialized();
-    int unlock_token = engine_begin_unlock(&runtime_engine, 0, PAGE_INDEX_LIMIT);
-    struct engine_ticket ticket = {0};
-    release_before(0, PAGE_INDEX_LIMIT, RELEASE_MUNLOCK, &ticket);
-    int result = real.munlockall();
-    runtime_note_munlockall(result);
-    settle_after(&ticket, result != 0, 0);
     int saved_errno = errno;
-    engine_end_unlock(&runtime_engine, unlock_token, 0, PAGE_INDEX_LIMIT);
+    runtime_ensure_initialized();
+    engine_count(&runtime_engine.unlock_calls);
     errno = saved_errno;
+    struct engine_call call = {run_munlockall, NULL};
+    runtime_guard_enter();
+    int result = (int)engine_unlock(&runtime_engine, 0, PAGE_INDEX_LIMIT, RELEASE_MUNLOCK,
+                                    ENGINE_FAILED_CHANGED_NOTHING, &call);
+    runtime_guard_leave();
+    runtime_note_munlockall(result);
     return result;
 }
 
 /* ---- mappings ---- */
+
+struct map_call {
+    mmap_fn next;
+    void *addr;
+    size_t length;
+    int prot, flags, fd;
+    off_t offset;
+};
+
+static long run_mmap(void *arguments)
+{
+    struct map_call *call = arguments;
+    return (long)call->next(call->addr, call->length, call->prot, call->flags, call->fd,
+                            call->offset);
+}
 
 static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int flags, int fd,
                          off_t offset)
@@ -533,24 +542,24 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
     }
     if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1) || runtime_guarded())
         return next(addr, length, prot, flags, fd, offset);
-
-    uint64_t unlocks_before = engine_unlock_sequence(&runtime_engine);
-    struct engine_ticket ticket = {0};
     uintptr_t start = (uintptr_t)addr;
     bool replaces = (flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE) && length != 0 &&
                     start % runtime_page_size == 0;
-    if (replaces && engine_may_overlap(&runtime_engine, start, range_end(start, length)))
-        release_before(start, range_end(start, length), RELEASE_MMAP_FIXED, &ticket);
-    void *result = next(addr, length, prot, flags, fd, offset);
+    bool locks = (flags & MAP_LOCKED) != 0;
     int saved_errno = errno;
-    if (result == MAP_FAILED)
-        restore_mapped_pieces(&ticket);
-    else
-        engine_ticket_discard(&runtime_engine, &ticket);
-    if (result != MAP_FAILED && (flags & MAP_LOCKED))
-        after_successful_lock(result, length, unlocks_before);
+    if (locks) {
+        runtime_ensure_initialized();
+        engine_count(&runtime_engine.lock_calls);
+        choose_block_extent_source_once(length);
+    }
+    runtime_notice_cuda();
     errno = saved_errno;
-    return result;
+    struct map_call arguments = {next, addr, length, prot, flags, fd, offset};
+    struct engine_call call = {run_mmap, &arguments};
+    runtime_guard_enter();
+    long result = engine_map(&runtime_engine, start, length, replaces, locks, &call);
+    runtime_guard_leave();
+    return (void *)result;
 }
 
 PINSHIM_EXPORT void *mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
@@ -566,104 +575,42 @@ PINSHIM_EXPORT void *mmap64(void *addr, size_t length, int prot, int flags, int 
                        offset);
 }
 
+static long run_munmap(void *arguments)
+{
+    struct map_call *call = arguments;
+    return real.munmap(call->addr, call->length);
+}
+
 PINSHIM_EXPORT int munmap(void *addr, size_t length)
 {
     ensure_resolved();
     uintptr_t start = (uintptr_t)addr;
-    if (runtime_guarded() || length == 0 || start % runtime_page_size != 0 ||
-        !engine_may_overlap(&runtime_engine, start, range_end(start, length)))
+    if (runtime_guarded() || length == 0 || start % runtime_page_size != 0)
         return real.munmap(addr, length);
-    struct engine_ticket ticket = {0};
-    release_before(start, range_end(start, length), RELEASE_MUNMAP, &ticket);
-    int result = real.munmap(addr, length);
-    settle_after(&ticket, result != 0, 0);
+    runtime_notice_cuda();
+    if (!engine_may_overlap(&runtime_engine, start, range_end(start, length)))
+        return real.munmap(addr, length);
+    struct map_call arguments = {.addr = addr, .length = length};
+    struct engine_call call = {run_munmap, &arguments};
+    runtime_guard_enter();
+    int result = (int)engine_unlock(&runtime_engine, start, range_end(start, length),
+                                    RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING, &call);
+    runtime_guard_leave();
     return result;
 }
 
-/* Registers at new_start what was registered in the old range: a moved or
- * resized locked mapping stays locked (Linux carries VM_LOCKED with the VMA). */
-static void register_moved_pieces(struct engine_ticket *ticket, uintptr_t old_start,
-                                  uintptr_t old_end, uintptr_t new_start, size_t new_size)
-{
-    uintptr_t new_end = range_end(new_start, new_size);
-    for (struct engine_ticket_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
-        if (piece->end <= old_start || piece->start >= old_end)
-            continue; /* released with the old mapping, not moved */
-        uintptr_t from = piece->start > old_start ? piece->start : old_start;
-        uintptr_t to = piece->end < old_end ? piece->end : old_end;
-        uintptr_t start = new_start + (from - old_start);
-        uintptr_t end = new_start + (to - old_start);
-        /* Growth of a locked mapping is locked too: one registration covers both. */
-        if (to == old_end || end > new_end)
-            end = new_end;
-        if (start < end)
-            engine_register_pages(&runtime_engine, start, end);
-    }
-}
+struct remap_call {
+    void *old_address;
+    size_t old_size, new_size;
+    int flags;
+    void *new_address;
+};
 
-static void register_locked_part(void *context, uintptr_t start, uintptr_t end)
+static long run_mremap(void *arguments)
 {
-    (void)context;
-    engine_register_pages(&runtime_engine, start, end);
-}
-
-/* Registers the parts of [start, end) that the kernel holds locked. */
-static void register_where_locked(uintptr_t start, uintptr_t end)
-{
-    if (start < end)
-        memory_map_locked_parts(start, end, register_locked_part, NULL);
-}
-
-/* MREMAP_DONTUNMAP changes locks beyond the moved range: Linux clears the lock
- * of every mapping the old range touches and of a mapping the moved range
- * merges into, and MREMAP_FIXED first cuts the target out of its mapping. The
- * call is rare, so the shim releases the registrations of the whole mappings
- * around the old range, lets the call run, and registers again -- at the old
- * place, and moved to the new one -- only what /proc/self/smaps says is still
- * locked (each case found by the model-based test). */
-static void *mremap_dontunmap(void *old_address, size_t old_size, size_t new_size, int flags,
-                              void *new_address)
-{
-    uintptr_t old_start = (uintptr_t)old_address;
-    uintptr_t old_end = range_end(old_start, old_size);
-    uintptr_t span_start = old_start, span_end = old_end, low, high;
-    if (memory_map_find(old_start, &low, &high))
-        span_start = low;
-    if (memory_map_find(old_end - 1, &low, &high))
-        span_end = high;
-    struct engine_ticket released = {0}, replaced = {0};
-    release_before(span_start < old_start ? span_start : old_start,
-                   span_end > old_end ? span_end : old_end, RELEASE_MREMAP, &released);
-    if (flags & MREMAP_FIXED)
-        release_before((uintptr_t)new_address, range_end((uintptr_t)new_address, new_size),
-                       RELEASE_MREMAP, &replaced);
-    void *result = real.mremap(old_address, old_size, new_size, flags, new_address);
-    int saved_errno = errno;
-    bool failed = result == MAP_FAILED;
-    /* After success the target holds the moved pages, not what was registered there. */
-    uintptr_t target_start = 0, target_end = 0;
-    if (!failed && (flags & MREMAP_FIXED)) {
-        target_start = (uintptr_t)result;
-        target_end = range_end(target_start, new_size);
-    }
-    for (struct engine_ticket_piece *piece = released.head; piece != NULL; piece = piece->next) {
-        register_where_locked(piece->start, piece->end < target_start ? piece->end : target_start);
-        register_where_locked(piece->start > target_end ? piece->start : target_end, piece->end);
-        if (failed || piece->end <= old_start || piece->start >= old_end)
-            continue;
-        uintptr_t from = piece->start > old_start ? piece->start : old_start;
-        uintptr_t to = piece->end < old_end ? piece->end : old_end;
-        register_where_locked((uintptr_t)result + (from - old_start),
-                              (uintptr_t)result + (to - old_start));
-    }
-    /* A failed call changed nothing: what was registered at the target stays. */
-    for (struct engine_ticket_piece *piece = replaced.head; failed && piece != NULL;
-         piece = piece->next)
-        register_where_locked(piece->start, piece->end);
-    engine_ticket_discard(&runtime_engine, &released);
-    engine_ticket_discard(&runtime_engine, &replaced);
-    errno = saved_errno;
-    return result;
+    struct remap_call *call = arguments;
+    return (long)real.mremap(call->old_address, call->old_size, call->new_size, call->flags,
+                             call->new_address);
 }
 
 PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size, int flags, ...)
@@ -676,36 +623,14 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
         new_address = va_arg(args, void *);
         va_end(args);
     }
-    uintptr_t old_start = (uintptr_t)old_address;
-    uintptr_t old_end = range_end(old_start, old_size);
-    bool involved = !runtime_guarded() && old_start % runtime_page_size == 0 &&
-                    (engine_may_overlap(&runtime_engine, old_start, old_end) ||
-                     ((flags & MREMAP_DONTUNMAP) && engine_has_registrations(&runtime_engine)) ||
-                     ((flags & MREMAP_FIXED) &&
-                      engine_may_overlap(&runtime_engine, (uintptr_t)new_address,
-                                         range_end((uintptr_t)new_address, new_size))));
-    if (!involved)
+    if (runtime_guarded() || !engine_has_registrations(&runtime_engine))
         return real.mremap(old_address, old_size, new_size, flags, new_address);
-
-    if ((flags & MREMAP_DONTUNMAP) && old_size != 0)
-        return mremap_dontunmap(old_address, old_size, new_size, flags, new_address);
-
-    struct engine_ticket moved = {0}, replaced = {0};
-    if (old_size != 0)
-        release_before(old_start, old_end, RELEASE_MREMAP, &moved);
-    if (flags & MREMAP_FIXED)
-        release_before((uintptr_t)new_address, range_end((uintptr_t)new_address, new_size),
-                       RELEASE_MREMAP, &replaced);
-    void *result = real.mremap(old_address, old_size, new_size, flags, new_address);
-    int saved_errno = errno;
-    if (result == MAP_FAILED) {
-        engine_restore(&runtime_engine, &moved, 0, UINTPTR_MAX);
-        restore_mapped_pieces(&replaced);
-    } else {
-        register_moved_pieces(&moved, old_start, old_end, (uintptr_t)result, new_size);
-        engine_ticket_discard(&runtime_engine, &moved);
-        engine_ticket_discard(&runtime_engine, &replaced);
-    }
-    errno = saved_errno;
-    return result;
+    runtime_notice_cuda();
+    struct remap_call arguments = {old_address, old_size, new_size, flags, new_address};
+    struct engine_call call = {run_mremap, &arguments};
+    runtime_guard_enter();
+    long result = engine_remap(&runtime_engine, (uintptr_t)old_address, old_size, new_size, flags,
+                               (uintptr_t)new_address, &call);
+    runtime_guard_leave();
+    return (void *)result;
 }

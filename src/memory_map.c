@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static bool parse_hex(const char **cursor, const char *limit, uintptr_t *value)
@@ -146,4 +148,50 @@ bool memory_map_locked_parts(uintptr_t start, uintptr_t end,
 {
     struct locked_state state = {.start = start, .end = end, .found = found, .context = context};
     return for_each_line("/proc/self/smaps", locked_visit, &state);
+}
+
+bool memory_map_is_mapped(uintptr_t start, uintptr_t end)
+{
+    if (start >= end)
+        return true;
+    int saved_errno = errno;
+    bool mapped = syscall(SYS_msync, start, end - start, MS_ASYNC) == 0;
+    errno = saved_errno;
+    return mapped;
+}
+
+bool memory_map_resident_parts(uintptr_t start, uintptr_t end, uintptr_t page_size,
+                               void (*found)(void *context, uintptr_t part_start,
+                                             uintptr_t part_end),
+                               void *context)
+{
+    int saved_errno = errno;
+    unsigned char vector[4096]; /* 16 MiB of 4 KiB pages per call */
+    uintptr_t run_start = 0, chunk = start;
+    bool in_run = false, ok = true;
+    while (chunk < end) {
+        uintptr_t pages = (end - chunk) / page_size;
+        if (pages > sizeof(vector))
+            pages = sizeof(vector);
+        if (syscall(SYS_mincore, chunk, pages * page_size, vector) != 0) {
+            ok = false; /* a hole: what was seen so far stands */
+            break;
+        }
+        for (uintptr_t i = 0; i < pages; i++) {
+            uintptr_t page = chunk + i * page_size;
+            bool resident = (vector[i] & 1) != 0;
+            if (resident && !in_run) {
+                run_start = page;
+                in_run = true;
+            } else if (!resident && in_run) {
+                found(context, run_start, page);
+                in_run = false;
+            }
+        }
+        chunk += pages * page_size;
+    }
+    if (in_run)
+        found(context, run_start, chunk);
+    errno = saved_errno;
+    return ok;
 }

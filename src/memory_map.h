@@ -17,4 +17,16 @@ bool memory_map_locked_parts(uintptr_t start, uintptr_t end,
                              void (*found)(void *context, uintptr_t part_start, uintptr_t part_end),
                              void *context);
 
+/* Whether every page of [start, end) is mapped: msync(MS_ASYNC) checks the
+ * mapping and, since Linux 2.6.19, does nothing else. errno is kept. */
+bool memory_map_is_mapped(uintptr_t start, uintptr_t end);
+
+/* Calls found for each run of pages of [start, end) that are resident
+ * (mincore), in address order. Pages are page_size long. False if mincore
+ * failed (a hole in the range). */
+bool memory_map_resident_parts(uintptr_t start, uintptr_t end, uintptr_t page_size,
+                               void (*found)(void *context, uintptr_t part_start,
+                                             uintptr_t part_end),
+                               void *context);
+
 #endif

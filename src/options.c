@@ -201,6 +201,107 @@ static bool parse_block_size(const char *value, struct pinshim_config *cfg, char
     return false;
 }
 
+/* Finds value (case-insensitive) in names; false when absent. */
+static bool parse_name(const char *value, const char *const *names, size_t count, int *out)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (strcasecmp(value, names[i]) == 0) {
+            *out = (int)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+static const char *const context_names[] = {"program", "create"};
+static const char *const onfault_names[] = {"resident", "skip", "all"};
+static const char *const fork_names[] = {"copy", "dontfork"};
+
+static bool parse_context(const char *value, struct pinshim_config *cfg, char *why,
+                          size_t why_size)
+{
+    int mode;
+    if (!parse_name(value, context_names, 2, &mode)) {
+        copy_text(why, why_size, "unknown mode");
+        return false;
+    }
+    cfg->context_mode = (enum context_mode)mode;
+    return true;
+}
+
+static bool parse_device(const char *value, struct pinshim_config *cfg, char *why,
+                         size_t why_size)
+{
+    if (strcasecmp(value, "thread") == 0) {
+        cfg->device = -1;
+        return true;
+    }
+    uint64_t device;
+    if (!parse_byte_size(value, &device) || strpbrk(value, "kKmMgG") != NULL || device > 4095) {
+        copy_text(why, why_size, "not a device ordinal");
+        return false;
+    }
+    cfg->device = (int)device;
+    return true;
+}
+
+static bool parse_async(const char *value, struct pinshim_config *cfg, char *why,
+                        size_t why_size)
+{
+    struct pinshim_config scratch = *cfg;
+    if (!parse_register(value, &scratch, why, why_size))
+        return false;
+    cfg->asynchronous = scratch.register_enabled;
+    return true;
+}
+
+static bool parse_max_registration(const char *value, struct pinshim_config *cfg, char *why,
+                                   size_t why_size)
+{
+    uint64_t bytes;
+    if (!parse_byte_size(value, &bytes) || bytes < 4096) {
+        copy_text(why, why_size, "not a byte count of at least 4K");
+        return false;
+    }
+    cfg->max_registration_bytes = bytes;
+    return true;
+}
+
+static bool parse_onfault(const char *value, struct pinshim_config *cfg, char *why,
+                          size_t why_size)
+{
+    int mode;
+    if (!parse_name(value, onfault_names, 3, &mode)) {
+        copy_text(why, why_size, "unknown rule");
+        return false;
+    }
+    cfg->onfault = (enum onfault_mode)mode;
+    return true;
+}
+
+static bool parse_fork(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
+{
+    int mode;
+    if (!parse_name(value, fork_names, 2, &mode)) {
+        copy_text(why, why_size, "unknown mode");
+        return false;
+    }
+    cfg->fork_mode = (enum fork_mode)mode;
+    return true;
+}
+
+static bool parse_fork_warn(const char *value, struct pinshim_config *cfg, char *why,
+                            size_t why_size)
+{
+    uint64_t bytes;
+    if (!parse_byte_size(value, &bytes)) {
+        copy_text(why, why_size, "not a byte count");
+        return false;
+    }
+    cfg->fork_warn_bytes = bytes;
+    return true;
+}
+
 const struct option_spec option_table[OPT_COUNT] = {
     {OPT_REGISTER, "PINSHIM_REGISTER", "no-register", NULL, "1/true/yes/on, 0/false/no/off", "on",
      "Whether locked ranges are registered with CUDA; off (--no-register) keeps mlock only and "
@@ -230,6 +331,38 @@ const struct option_spec option_table[OPT_COUNT] = {
      "header when checks at the first lock show it is safe, allocator always calls "
      "malloc_usable_size.",
      parse_block_size},
+    {OPT_CONTEXT, "PINSHIM_CONTEXT", "context", "MODE", "program, create", "program",
+     "Where registrations go: program registers into the CUDA context the program already "
+     "uses and waits (deferred) while it has none, never creating one; create calls the CUDA "
+     "runtime at once from the locking thread, creating a context if need be.",
+     parse_context},
+    {OPT_DEVICE, "PINSHIM_DEVICE", "device", "N", "a device ordinal, or thread", "thread",
+     "With PINSHIM_CONTEXT=create, the device registrations are made on; thread uses the "
+     "locking thread's current device.",
+     parse_device},
+    {OPT_ASYNC, "PINSHIM_ASYNC", "async", "BOOL", "1/true/yes/on, 0/false/no/off", "on",
+     "Whether lock calls return once the kernel has locked the pages while a shim thread "
+     "registers them; off registers inside the lock call.",
+     parse_async},
+    {OPT_MAX_REGISTRATION, "PINSHIM_MAX_REGISTRATION", "max-registration", "SIZE",
+     "bytes, or with a K/M/G suffix (powers of 1024), at least 4K", "64G",
+     "Largest single cudaHostRegister; larger locked ranges are registered in chunks of this "
+     "size (drivers of the R580 series refuse 512 GiB and more in one call).",
+     parse_max_registration},
+    {OPT_ONFAULT, "PINSHIM_ONFAULT", "onfault", "RULE", "resident, skip, all", "resident",
+     "What mlock2(MLOCK_ONFAULT) registers: the pages resident when it returns, nothing, or "
+     "the whole range (which faults it all in).",
+     parse_onfault},
+    {OPT_FORK, "PINSHIM_FORK", "fork", "MODE", "copy, dontfork", "copy",
+     "What a fork child gets of registered memory: copy keeps Linux's default (since 5.9 the "
+     "kernel copies DMA-pinned pages into the child at fork); dontfork marks registrations "
+     "MADV_DONTFORK, so children do not get those pages at all.",
+     parse_fork},
+    {OPT_FORK_WARN, "PINSHIM_FORK_WARN", "fork-warn", "SIZE",
+     "bytes, or with a K/M/G suffix (powers of 1024); 0 never warns", "1G",
+     "With PINSHIM_FORK=copy, warn once when a fork happens while at least this much memory "
+     "is registered (the kernel copies it into the child).",
+     parse_fork_warn},
 };
 
 void config_set_defaults(struct pinshim_config *cfg)
@@ -240,6 +373,13 @@ void config_set_defaults(struct pinshim_config *cfg)
     cfg->register_flags = 0;
     cfg->stats_mode = STATS_NONE;
     cfg->log_level = LOG_WARN;
+    cfg->context_mode = CONTEXT_PROGRAM;
+    cfg->device = -1;
+    cfg->asynchronous = true;
+    cfg->max_registration_bytes = (uint64_t)64 << 30;
+    cfg->onfault = ONFAULT_RESIDENT;
+    cfg->fork_mode = FORK_COPY;
+    cfg->fork_warn_bytes = (uint64_t)1 << 30;
 }
 
 int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context)
@@ -327,6 +467,30 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
         break;
     case OPT_BLOCK_SIZE:
         copy_text(out, out_size, cfg->block_size_from_allocator ? "allocator" : "auto");
+        break;
+    case OPT_CONTEXT:
+        copy_text(out, out_size, context_names[cfg->context_mode]);
+        break;
+    case OPT_DEVICE:
+        if (cfg->device < 0)
+            copy_text(out, out_size, "thread");
+        else
+            snprintf(out, out_size, "%d", cfg->device);
+        break;
+    case OPT_ASYNC:
+        copy_text(out, out_size, cfg->asynchronous ? "on" : "off");
+        break;
+    case OPT_MAX_REGISTRATION:
+        snprintf(out, out_size, "%llu", (unsigned long long)cfg->max_registration_bytes);
+        break;
+    case OPT_ONFAULT:
+        copy_text(out, out_size, onfault_names[cfg->onfault]);
+        break;
+    case OPT_FORK:
+        copy_text(out, out_size, fork_names[cfg->fork_mode]);
+        break;
+    case OPT_FORK_WARN:
+        snprintf(out, out_size, "%llu", (unsigned long long)cfg->fork_warn_bytes);
         break;
     case OPT_COUNT:
         copy_text(out, out_size, "");

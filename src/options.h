@@ -10,6 +10,11 @@
 #include <stdint.h>
 
 enum stats_mode { STATS_NONE = 0, STATS_TEXT, STATS_JSON };
+/* Where registrations go: the program's own CUDA context (never a new one),
+ * or today's runtime call that creates one when needed. */
+enum context_mode { CONTEXT_PROGRAM = 0, CONTEXT_CREATE };
+enum onfault_mode { ONFAULT_RESIDENT = 0, ONFAULT_SKIP, ONFAULT_ALL };
+enum fork_mode { FORK_COPY = 0, FORK_DONTFORK };
 
 #define CONFIG_PATH_MAX 1024
 
@@ -22,6 +27,13 @@ struct pinshim_config {
     char stats_path[CONFIG_PATH_MAX]; /* template with %p %h %%, for STATS_JSON */
     enum log_level log_level;
     bool block_size_from_allocator; /* free always asks malloc_usable_size */
+    enum context_mode context_mode;
+    int device; /* PINSHIM_DEVICE for CONTEXT_CREATE; -1: the calling thread's */
+    bool asynchronous;
+    uint64_t max_registration_bytes;
+    enum onfault_mode onfault;
+    enum fork_mode fork_mode;
+    uint64_t fork_warn_bytes; /* 0: never warn */
 };
 
 enum option_id {
@@ -32,6 +44,13 @@ enum option_id {
     OPT_STATS,
     OPT_LOG,
     OPT_BLOCK_SIZE,
+    OPT_CONTEXT,
+    OPT_DEVICE,
+    OPT_ASYNC,
+    OPT_MAX_REGISTRATION,
+    OPT_ONFAULT,
+    OPT_FORK,
+    OPT_FORK_WARN,
     OPT_COUNT
 };
 

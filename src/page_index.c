@@ -115,6 +115,14 @@ bool page_index_mark(struct page_index *index, uintptr_t start, uintptr_t end)
     return true;
 }
 
+void page_index_mark_base(struct page_index *index, uintptr_t addr)
+{
+    uintptr_t granule = granule_of(addr);
+    struct page_index_leaf *leaf = leaf_ensure(index, granule);
+    if (leaf != NULL) /* exists: its used bit is set */
+        leaf_update(leaf, PAGE_INDEX_BASE, granule, granule + 1, true);
+}
+
 void page_index_clear(struct page_index *index, uintptr_t start, uintptr_t end)
 {
     uintptr_t last = granule_of(end);

@@ -52,6 +52,9 @@ void page_index_destroy(struct page_index *index);
 bool page_index_mark(struct page_index *index, uintptr_t start, uintptr_t end);
 /* Clears both maps over [start, end). */
 void page_index_clear(struct page_index *index, uintptr_t start, uintptr_t end);
+/* Marks addr, a granule already marked used, as a base (splitting a range
+ * leaves its used bits untouched, so lock-free readers never see a gap). */
+void page_index_mark_base(struct page_index *index, uintptr_t addr);
 
 /* Lock-free: the first granule in [start, end) whose bit in map equals want_set. */
 bool page_index_find_next(const struct page_index *index, enum page_index_map map, bool want_set,

@@ -74,18 +74,42 @@ static bool grow(struct range_registry *registry)
     return true;
 }
 
-bool range_registry_insert(struct range_registry *registry, uintptr_t base, uintptr_t end,
-                           enum range_state state)
+bool range_registry_reserve(struct range_registry *registry, size_t extra)
 {
     /* Keep the load factor at or below 1/2 so probes stay short. */
-    if ((registry->count + 1) * 2 > registry->capacity && !grow(registry))
-        return false;
-    if (!page_index_mark(&registry->index, base, end))
-        return false;
-    struct range_record record = {.base = base, .end = end, .state = (uint32_t)state};
-    place(registry->slots, registry->capacity, &record, registry);
-    registry->count++;
+    while ((registry->count + extra) * 2 > registry->capacity)
+        if (!grow(registry))
+            return false;
     return true;
+}
+
+struct range_record *range_registry_insert(struct range_registry *registry,
+                                           const struct range_record *record)
+{
+    if (!range_registry_reserve(registry, 1))
+        return NULL;
+    if (!page_index_mark(&registry->index, record->base, record->end))
+        return NULL;
+    place(registry->slots, registry->capacity, record, registry);
+    registry->count++;
+    return range_registry_find(registry, record->base);
+}
+
+struct range_record *range_registry_split(struct range_registry *registry, uintptr_t base,
+                                          uintptr_t at)
+{
+    if (!range_registry_reserve(registry, 1))
+        return NULL;
+    struct range_record *left = range_registry_find(registry, base);
+    if (left == NULL || at <= left->base || at >= left->end)
+        return NULL;
+    struct range_record right = *left;
+    right.base = at;
+    left->end = at;
+    page_index_mark_base(&registry->index, at);
+    place(registry->slots, registry->capacity, &right, registry);
+    registry->count++;
+    return range_registry_find(registry, at);
 }
 
 void range_registry_remove(struct range_registry *registry, uintptr_t base)

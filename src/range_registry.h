@@ -13,15 +13,35 @@
 #include <stdint.h>
 
 enum range_state {
-    RANGE_REGISTERING = 1, /* reserved; cudaHostRegister in flight */
-    RANGE_REGISTERED,
+    RANGE_PENDING = 1,   /* locked; waits for a CUDA context in the process (deferred) */
+    RANGE_QUEUED,        /* locked; waits for the registration thread */
+    RANGE_REGISTERING,   /* cudaHostRegister in flight */
+    RANGE_REGISTERED,    /* registered by the shim */
     RANGE_UNREGISTERING, /* cudaHostUnregister in flight */
+    RANGE_PROGRAM,       /* registered by the program itself: never the shim's to undo */
 };
+
+/* Where a registration lives: the device, and the driver context it was made
+ * in (0: the device's primary context, or the runtime's choice). */
+struct range_place {
+    uintptr_t context;
+    int32_t device; /* -1: not known (the runtime chose) */
+    uint32_t flags; /* RANGE_PLACE_* */
+};
+/* Made in the locking thread's own (non-primary) context: only that context
+ * can be used for it. */
+#define RANGE_PLACE_THREAD_CONTEXT 1u
 
 struct range_record {
     uintptr_t base; /* 0 marks an empty slot */
     uintptr_t end;
-    uint32_t state;
+    /* The bytes the lock call that made this record asked for; free keeps a
+     * page it shares with another block only while such bytes lie outside
+     * the freed block. Pages for records not made by a lock call. */
+    uintptr_t lock_start, lock_end;
+    struct range_place place;
+    uint8_t state;
+    uint8_t had_shim_registration; /* RANGE_PROGRAM: the shim had registered these pages */
 };
 
 struct range_registry {
@@ -35,10 +55,20 @@ bool range_registry_init(struct range_registry *registry);
 void range_registry_destroy(struct range_registry *registry);
 
 struct range_record *range_registry_find(struct range_registry *registry, uintptr_t base);
-/* Adds [base, end), which must not overlap a record. False when out of memory. */
-bool range_registry_insert(struct range_registry *registry, uintptr_t base, uintptr_t end,
-                           enum range_state state);
+/* Adds a copy of record (base, end, state, ...), which must not overlap a
+ * record. Returns the stored record, or NULL when out of memory. */
+struct range_record *range_registry_insert(struct range_registry *registry,
+                                           const struct range_record *record);
 void range_registry_remove(struct range_registry *registry, uintptr_t base);
+/* Makes room for extra more records without growing later; false when out of
+ * memory. After it, that many inserts and splits cannot fail for the table. */
+bool range_registry_reserve(struct range_registry *registry, size_t extra);
+/* Splits the record based at base in two at at (base < at < end): the right
+ * part becomes its own record with the same fields. The used bits are not
+ * touched, so a lock-free reader sees the pages covered throughout. Returns
+ * the right part, or NULL when out of memory (nothing changed). */
+struct range_record *range_registry_split(struct range_registry *registry, uintptr_t base,
+                                          uintptr_t at);
 
 /* The record containing addr, or NULL. */
 struct range_record *range_registry_containing(struct range_registry *registry, uintptr_t addr);

@@ -1,6 +1,7 @@
 #include "runtime.h"
 
 #include "block_extent.h"
+#include "cuda_driver.h"
 #include "cuda_loader.h"
 #include "log.h"
 #include "memory_map.h"
@@ -12,11 +13,26 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
-#include <sys/mman.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+#ifndef MADV_DONTFORK
+#define MADV_DONTFORK 10
+#define MADV_DOFORK 11
+#endif
+
+/* The registration thread looks for a context at most every 10 ms, backing
+ * off to once a second while none appears. */
+#define WORKER_POLL_MAX_NANOSECONDS (1000ull * 1000 * 1000)
 
 #define PINSHIM_EXPORT __attribute__((visibility("default")))
 
@@ -37,48 +53,52 @@ enum init_state { INIT_NONE = 0, INIT_RUNNING, INIT_DONE };
 static int init_state;
 
 enum cuda_state { CUDA_NOT_TRIED = 0, CUDA_READY, CUDA_DISABLED };
+/* PINSHIM_CONTEXT=create: the runtime, loaded at the first lock that registers. */
 static int cuda_state;
 static struct cuda_runtime cuda;
 static pthread_mutex_t cuda_load_mutex = PTHREAD_MUTEX_INITIALIZER;
 static const char *cuda_disabled_reason; /* for the stats when nothing was loaded */
+/* PINSHIM_CONTEXT=program: the program's driver, found, never loaded. */
+static struct cuda_driver driver;
+static int preferred_device = -1; /* the device the program's threads were last seen using */
+static uint64_t contexts_created; /* by the shim's runtime calls (create mode only) */
 static bool is_fork_child;
 static bool parent_used_cuda;
+static bool cuda_used_here; /* this process initialised CUDA (seen by the shim) */
 static int mlockall_logged;
-/* A copy of stderr taken at start: programs such as coreutils close fd 2 in
- * their exit handlers, which run before the shim's destructor. */
+static int fork_warned;
+static uint64_t last_notice_nanoseconds;
+/* A copy of stderr taken at start, for the exit summary: programs such as
+ * coreutils close fd 2 in their exit handlers, which run before the shim's
+ * destructor. Kept at a high number, and written to only while it is still
+ * the file it was (a program may close it and reuse the number). */
 static int stderr_copy = -1;
+static struct stat stderr_copy_identity;
 
 /* ---- CUDA backend for the engine ---- */
 
-static bool backend_ready(void *context)
+/* Loads the runtime for PINSHIM_CONTEXT=create, once. */
+static bool create_mode_runtime_ready(void)
 {
-    (void)context;
     int state = __atomic_load_n(&cuda_state, __ATOMIC_ACQUIRE);
     if (state != CUDA_NOT_TRIED)
         return state == CUDA_READY;
     pthread_mutex_lock(&cuda_load_mutex);
     state = __atomic_load_n(&cuda_state, __ATOMIC_ACQUIRE);
     if (state == CUDA_NOT_TRIED) {
-        if (!runtime_config.register_enabled) {
-            state = CUDA_DISABLED;
-            cuda_disabled_reason = "PINSHIM_REGISTER is off";
-        } else if (is_fork_child && parent_used_cuda) {
-            /* CUDA cannot be used in a child of a process that initialised it. */
-            state = CUDA_DISABLED;
-            cuda_disabled_reason = "forked from a process that had initialised CUDA";
-            log_info("%s: locks in this child stay mlocked only", cuda_disabled_reason);
+        runtime_guard_enter();
+        bool ok = cuda_runtime_load(&cuda, runtime_config.cudart);
+        runtime_guard_leave();
+        if (ok) {
+            state = CUDA_READY;
+            cuda_used_here = true;
+            log_info("using CUDA runtime %s%s", cuda.path,
+                     cuda.shared_with_program ? " (already loaded by the program)" : "");
+            for (size_t i = 0; i < cuda.try_count; i++)
+                log_info("passed over %s: %s", cuda.tries[i].name, cuda.tries[i].result);
         } else {
-            runtime_guard_enter();
-            bool ok = cuda_runtime_load(&cuda, runtime_config.cudart);
-            runtime_guard_leave();
-            if (ok) {
-                state = CUDA_READY;
-                log_info("using CUDA runtime %s%s", cuda.path,
-                         cuda.shared_with_program ? " (already loaded by the program)" : "");
-            } else {
-                state = CUDA_DISABLED;
-                log_warn("%s; continuing with mlock only", cuda.error);
-            }
+            state = CUDA_DISABLED;
+            log_warn("%s; continuing with mlock only", cuda.error);
         }
         __atomic_store_n(&cuda_state, state, __ATOMIC_RELEASE);
     }
@@ -86,24 +106,110 @@ static bool backend_ready(void *context)
     return state == CUDA_READY;
 }
 
-static int backend_register(void *context, void *base, size_t length)
+static enum engine_choice backend_choose_place(void *context, bool from_worker,
+                                               const struct range_place *hint,
+                                               struct range_place *place)
 {
     (void)context;
+    *place = (struct range_place){.device = -1};
+    if (!runtime_config.register_enabled)
+        return ENGINE_PLACE_DISABLED;
+    if (is_fork_child && parent_used_cuda) {
+        /* CUDA cannot be used in a child of a process that initialised it. */
+        if (cuda_disabled_reason == NULL) {
+            cuda_disabled_reason = "forked from a process that had initialised CUDA";
+            log_info("%s: locks in this child stay mlocked only", cuda_disabled_reason);
+        }
+        return ENGINE_PLACE_DISABLED;
+    }
+    if (runtime_config.context_mode == CONTEXT_CREATE) {
+        if (!create_mode_runtime_ready())
+            return ENGINE_PLACE_DISABLED;
+        place->device = runtime_config.device;
+        if (hint != NULL && hint->device >= 0)
+            place->device = hint->device;
+        return ENGINE_PLACE_READY;
+    }
     runtime_guard_enter();
+    enum engine_choice choice =
+        cuda_driver_choose_place(&driver, from_worker, hint, &preferred_device, place);
+    runtime_guard_leave();
+    if (choice == ENGINE_PLACE_READY && !cuda_used_here) {
+        cuda_used_here = true;
+        log_info("registering into the program's CUDA context (device %d) through %s",
+                 place->device, driver.path);
+    }
+    return choice;
+}
+
+/* cudaHostRegisterDefault means "mapped and portable" on every 64-bit (UVA)
+ * system; the driver call needs it spelt out. */
+static unsigned driver_register_flags(void)
+{
+    unsigned flags = runtime_config.register_flags;
+    return flags != 0 ? flags : CUDA_DRIVER_REGISTER_PORTABLE | CUDA_DRIVER_REGISTER_DEVICEMAP;
+}
+
+/* PINSHIM_CONTEXT=create: the runtime's call on the calling thread, on the
+ * device asked for (switched to and back). Counts the contexts it created,
+ * as far as the driver can tell. */
+static int create_mode_register(const struct range_place *place, void *base, size_t length)
+{
+    int previous = -1, device = place->device;
+    if (cuda.get_device != NULL && cuda.get_device(&previous) != 0) {
+        cuda_runtime_clear_last_error(&cuda);
+        previous = -1;
+    }
+    bool switch_device = device >= 0 && previous != device && cuda.set_device != NULL;
+    if (device < 0)
+        device = previous;
+    bool driver_there = cuda_driver_find(&driver);
+    unsigned flags = 0;
+    int active = 0;
+    bool was_active = driver_there && device >= 0 &&
+                      driver.primary_get_state(device, &flags, &active) == 0 && active;
+    if (switch_device && cuda.set_device(device) != 0) {
+        cuda_runtime_clear_last_error(&cuda);
+        switch_device = false;
+    }
     int error = cuda.host_register(base, length, runtime_config.register_flags);
     if (error != 0)
         cuda_runtime_clear_last_error(&cuda);
+    active = 0;
+    if (!was_active && device >= 0 && cuda_driver_find(&driver) &&
+        driver.primary_get_state(device, &flags, &active) == 0 && active)
+        __atomic_fetch_add(&contexts_created, 1, __ATOMIC_RELAXED);
+    if (switch_device && previous >= 0 && cuda.set_device(previous) != 0)
+        cuda_runtime_clear_last_error(&cuda);
+    return error;
+}
+
+static int backend_register(void *context, const struct range_place *place, void *base,
+                            size_t length)
+{
+    (void)context;
+    runtime_guard_enter();
+    int error;
+    if (runtime_config.context_mode == CONTEXT_CREATE)
+        error = create_mode_register(place, base, length);
+    else
+        error = cuda_driver_register(&driver, place, base, length, driver_register_flags());
     runtime_guard_leave();
     return error;
 }
 
-static int backend_unregister(void *context, void *base)
+static int backend_unregister(void *context, const struct range_place *place, void *base)
 {
     (void)context;
     runtime_guard_enter();
-    int error = cuda.host_unregister(base);
-    if (error != 0)
-        cuda_runtime_clear_last_error(&cuda);
+    int error;
+    if (runtime_config.context_mode == CONTEXT_CREATE) {
+        error = cuda.host_unregister(base);
+        if (error != 0)
+            cuda_runtime_clear_last_error(&cuda);
+    } else {
+        error = cuda_driver_unregister(&driver, place, base);
+    }
     runtime_guard_leave();
     return error;
 }
@@ -111,6 +217,11 @@ static int backend_unregister(void *context, void *base)
 static const char *backend_error_name(void *context, int error)
 {
     (void)context;
+    if (runtime_config.context_mode == CONTEXT_PROGRAM) {
+        const char *name = cuda_driver_error_name(&driver, error);
+        if (name != NULL)
+            return name;
+    }
     return cuda_error_name(cuda.loaded ? &cuda : NULL, error);
 }
 
@@ -123,14 +234,112 @@ static bool backend_locked_parts(void *context, uintptr_t start, uintptr_t end,
     return memory_map_locked_parts(start, end, found, found_context);
 }
 
+static bool backend_resident_parts(void *context, uintptr_t start, uintptr_t end,
+                                   void (*found)(void *found_context, uintptr_t part_start,
+                                                 uintptr_t part_end),
+                                   void *found_context)
+{
+    (void)context;
+    return memory_map_resident_parts(start, end, runtime_page_size, found, found_context);
+}
+
+static bool backend_is_mapped(void *context, uintptr_t start, uintptr_t end)
+{
+    (void)context;
+    return memory_map_is_mapped(start, end);
+}
+
+static bool backend_mapping_bounds(void *context, uintptr_t addr, uintptr_t *start,
+                                   uintptr_t *end)
+{
+    (void)context;
+    return memory_map_find(addr, start, end);
+}
+
+/* The registration thread: started when the engine has work, gone when it
+ * has none. All signals blocked, so the program's handlers never run on it. */
+static void *registration_thread(void *unused)
+{
+    (void)unused;
+    prctl(PR_SET_NAME, "pinshim-reg", 0, 0, 0);
+    runtime_guard_enter();
+    engine_worker_run(&runtime_engine, WORKER_POLL_MAX_NANOSECONDS, false);
+    runtime_guard_leave();
+    return NULL;
+}
+
+static void backend_wake_worker(void *context)
+{
+    (void)context;
+    pthread_attr_t attributes;
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_t thread;
+    runtime_guard_enter();
+    int error = pthread_attr_init(&attributes);
+    if (error == 0) {
+        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+        pthread_sigmask(SIG_SETMASK, &all, &previous);
+        error = pthread_create(&thread, &attributes, registration_thread, NULL);
+        pthread_sigmask(SIG_SETMASK, &previous, NULL);
+        pthread_attr_destroy(&attributes);
+    }
+    if (error != 0) {
+        static int warned;
+        if (__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED) == 0)
+            log_warn("cannot start the registration thread (%s); registering in the calling "
+                     "thread instead",
+                     strerror(error));
+        engine_worker_run(&runtime_engine, 0, true);
+    }
+    runtime_guard_leave();
+}
+
+/* PINSHIM_FORK=dontfork: children do not get registered pages at all. */
+static void backend_registered(void *context, uintptr_t start, uintptr_t end, bool added)
+{
+    (void)context;
+    if (runtime_config.fork_mode != FORK_DONTFORK)
+        return;
+    int saved_errno = errno;
+    syscall(SYS_madvise, start, end - start, added ? MADV_DONTFORK : MADV_DOFORK);
+    errno = saved_errno;
+}
+
 static const struct engine_backend cuda_backend = {
     .context = NULL,
-    .ready = backend_ready,
+    .choose_place = backend_choose_place,
     .register_range = backend_register,
     .unregister_range = backend_unregister,
     .error_name = backend_error_name,
     .locked_parts = backend_locked_parts,
+    .resident_parts = backend_resident_parts,
+    .is_mapped = backend_is_mapped,
+    .mapping_bounds = backend_mapping_bounds,
+    .wake_worker = backend_wake_worker,
+    .registered = backend_registered,
 };
+
+void runtime_notice_cuda_slow(void)
+{
+    if (runtime_config.context_mode != CONTEXT_PROGRAM || runtime_guarded())
+        return;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+    uint64_t nanoseconds = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    uint64_t last = __atomic_load_n(&last_notice_nanoseconds, __ATOMIC_RELAXED);
+    if (nanoseconds - last < 10 * 1000 * 1000 ||
+        !__atomic_compare_exchange_n(&last_notice_nanoseconds, &last, nanoseconds, false,
+                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    int saved_errno = errno;
+    runtime_guard_enter();
+    bool loaded = driver.found || cuda_driver_is_loaded();
+    if (loaded)
+        engine_worker_poke(&runtime_engine);
+    runtime_guard_leave();
+    errno = saved_errno;
+}
 
 /* ---- lifecycle ---- */
 
@@ -140,10 +349,29 @@ static const char *lookup_environment(const char *name, void *context)
     return getenv(name);
 }
 
+/* Before fork, in the parent: remembers whether this process initialised
+ * CUDA (a child of such a process cannot use it), and warns once when the
+ * kernel is about to copy a lot of registered memory into the child. */
 static void before_fork(void)
 {
-    if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) == INIT_DONE)
-        pthread_mutex_lock(&runtime_engine.mutex);
+    if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != INIT_DONE)
+        return;
+    if (!cuda_used_here && runtime_config.context_mode == CONTEXT_PROGRAM && driver.found) {
+        runtime_guard_enter();
+        cuda_used_here = cuda_driver_initialized(&driver);
+        runtime_guard_leave();
+    }
+    if (runtime_config.fork_mode == FORK_COPY && runtime_config.fork_warn_bytes != 0 &&
+        engine_has_registrations(&runtime_engine)) {
+        uint64_t live = engine_live_bytes(&runtime_engine);
+        if (live >= runtime_config.fork_warn_bytes &&
+            __atomic_exchange_n(&fork_warned, 1, __ATOMIC_RELAXED) == 0)
+            log_warn("fork() with %llu MiB registered: since Linux 5.9 the kernel copies "
+                     "DMA-pinned pages into the child at fork; PINSHIM_FORK=dontfork keeps them "
+                     "out of children that never touch these buffers (warned once)",
+                     (unsigned long long)(live >> 20));
+    }
+    pthread_mutex_lock(&runtime_engine.mutex);
 }
 
 static void after_fork_parent(void)
@@ -160,11 +388,14 @@ static void after_fork_child(void)
      * registrations are not the child's to undo. */
     engine_reset_after_fork(&runtime_engine);
     is_fork_child = true;
-    if (cuda_state == CUDA_READY || cuda.loaded)
+    if (cuda_used_here || cuda_state == CUDA_READY || cuda.loaded)
         parent_used_cuda = true;
+    cuda_used_here = false;
     if (cuda_state == CUDA_READY)
         cuda_state = CUDA_NOT_TRIED;
     pthread_mutex_init(&cuda_load_mutex, NULL);
+    cuda_driver_after_fork();
+    fork_warned = 0;
     /* The thread that was choosing is gone: choose again at the next lock. */
     int choosing = 1;
     __atomic_compare_exchange_n(&runtime_block_extent_state, &choosing, 0, false, __ATOMIC_RELAXED,
@@ -210,6 +441,38 @@ static void avoid_ucx_code_patching(void)
         log_debug("set UCX_MEM_MMAP_HOOK_MODE=reloc so UCX's memory hooks and the shim's coexist");
 }
 
+/* The copy of stderr for the exit summary goes high (programs that reuse low
+ * numbers get them first), and its identity is kept to check it later. */
+static void keep_stderr_copy(void)
+{
+    struct rlimit limit;
+    int lowest = 3;
+    if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur > 1024)
+        lowest = 1000;
+    else if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur > 64)
+        lowest = (int)limit.rlim_cur - 32;
+    stderr_copy = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, lowest);
+    if (stderr_copy < 0)
+        stderr_copy = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+    if (stderr_copy >= 0 && fstat(stderr_copy, &stderr_copy_identity) != 0) {
+        close(stderr_copy);
+        stderr_copy = -1;
+    }
+}
+
+/* Whether the copy is still the file it was: the program may have closed it
+ * and a new file may hold its number. */
+static bool stderr_copy_intact(void)
+{
+    struct stat now;
+    int flags = stderr_copy >= 0 ? fcntl(stderr_copy, F_GETFD) : -1;
+    return flags >= 0 && (flags & FD_CLOEXEC) && fstat(stderr_copy, &now) == 0 &&
+           now.st_dev == stderr_copy_identity.st_dev &&
+           now.st_ino == stderr_copy_identity.st_ino &&
+           now.st_rdev == stderr_copy_identity.st_rdev &&
+           (now.st_mode & S_IFMT) == (stderr_copy_identity.st_mode & S_IFMT);
+}
+
 static void initialize(void)
 {
     long page = sysconf(_SC_PAGESIZE);
@@ -217,12 +480,19 @@ static void initialize(void)
         runtime_page_size = (uintptr_t)page;
     config_load(&runtime_config, lookup_environment, NULL);
     log_set_level(runtime_config.log_level);
-    if (!engine_init(&runtime_engine, &cuda_backend, runtime_config.min_bytes, runtime_page_size))
+    struct engine_options options = {
+        .min_bytes = runtime_config.min_bytes,
+        .max_registration_bytes = runtime_config.max_registration_bytes,
+        .asynchronous = runtime_config.asynchronous,
+        .onfault = (enum engine_onfault)runtime_config.onfault,
+        .page_size = runtime_page_size,
+    };
+    if (!engine_init(&runtime_engine, &cuda_backend, &options))
         log_warn("cannot map memory for the range registry; registration is off");
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     warn_if_allocator_precedes_shim();
     if (runtime_config.stats_mode != STATS_NONE)
-        stderr_copy = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+        keep_stderr_copy();
     avoid_ucx_code_patching();
 }
 
@@ -297,15 +567,46 @@ static void fill_report(struct stats_report *report)
     report->cudart_path = cuda.loaded ? cuda.path : NULL;
     if (cuda.error[0] != '\0')
         report->cudart_error = cuda.error;
-    else if (cuda_state == CUDA_DISABLED)
+    else if (cuda_disabled_reason != NULL)
         report->cudart_error = cuda_disabled_reason;
-    engine_get_counters(&runtime_engine, &report->counters);
-    report->skipped_disabled = __atomic_load_n(&runtime_engine.skipped_disabled, __ATOMIC_RELAXED);
-    report->skipped_address = __atomic_load_n(&runtime_engine.skipped_address, __ATOMIC_RELAXED);
-    report->exit_unloading = runtime_engine.exit_unloading;
-    report->skipped_race_pages = runtime_engine.skipped_race;
-    report->live_ranges_at_exit = runtime_engine.live_ranges_at_exit;
-    report->live_bytes_at_exit = runtime_engine.live_bytes_at_exit;
+    else if (!runtime_config.register_enabled)
+        report->cudart_error = "PINSHIM_REGISTER is off";
+    report->cudart_try_count = cuda.try_count < STATS_MAX_TRIES ? cuda.try_count : STATS_MAX_TRIES;
+    for (size_t i = 0; i < report->cudart_try_count; i++) {
+        report->cudart_tries[i].name = cuda.tries[i].name;
+        report->cudart_tries[i].result = cuda.tries[i].result;
+    }
+    if (runtime_config.context_mode == CONTEXT_PROGRAM && cuda_used_here && driver.found)
+        report->driver_path = driver.path;
+    report->contexts_created = __atomic_load_n(&contexts_created, __ATOMIC_RELAXED);
+    struct engine *engine = &runtime_engine;
+    engine_get_counters(engine, &report->counters);
+    pthread_mutex_lock(&engine->mutex);
+    report->skipped_disabled = engine->skipped_disabled;
+    report->skipped_address = engine->skipped_address;
+    report->skipped_onfault_pages = engine->skipped_onfault_pages;
+    report->exit_unloading = engine->exit_unloading;
+    report->live_ranges_at_exit = engine->live_ranges_at_exit;
+    report->live_bytes_at_exit = engine->live_bytes_at_exit;
+    report->deferred_total = engine->deferred_total;
+    report->deferred_registered = engine->deferred_registered;
+    report->deferred_dropped = engine->dropped_pending;
+    report->pending_ranges_at_exit = engine->pending_ranges_at_exit;
+    report->pending_bytes_at_exit = engine->pending_bytes_at_exit;
+    report->queued_ranges_at_exit = engine->queued_ranges_at_exit;
+    report->cancelled_queued = engine->cancelled_queued;
+    report->wait_nanoseconds = engine->wait_nanoseconds;
+    report->background_nanoseconds = engine->background_nanoseconds;
+    report->program_unregistrations = engine->program_unregistrations;
+    report->program_took_back = engine->program_took_back;
+    report->gone_with_context = engine->gone_with_context;
+    pthread_mutex_unlock(&engine->mutex);
+    struct engine_device_counts devices[STATS_MAX_DEVICES];
+    report->device_count = engine_get_devices(engine, devices, STATS_MAX_DEVICES);
+    for (size_t i = 0; i < report->device_count; i++) {
+        report->devices[i].registrations = devices[i].registrations;
+        report->devices[i].bytes = devices[i].bytes;
+    }
     report->fork_child = is_fork_child;
     report->block_size_source = block_extent_source_name(
         (enum block_extent_source)__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED));
@@ -314,7 +615,7 @@ static void fill_report(struct stats_report *report)
     for (size_t i = 0; i < count; i++) {
         report->errors[i].code = errors[i].code;
         report->errors[i].count = errors[i].count;
-        report->errors[i].name = cuda_error_name(cuda.loaded ? &cuda : NULL, errors[i].code);
+        report->errors[i].name = backend_error_name(NULL, errors[i].code);
     }
     report->error_count = count;
 }
@@ -323,7 +624,7 @@ static void fill_report(struct stats_report *report)
  * program has closed stderr by now. */
 static void write_summary(const struct stats_report *report)
 {
-    if (!stats_write_text(STDERR_FILENO, report) && stderr_copy >= 0)
+    if (!stats_write_text(STDERR_FILENO, report) && stderr_copy_intact())
         stats_write_text(stderr_copy, report);
 }
 

@@ -56,4 +56,15 @@ size_t runtime_rounding_threshold(void);
 void runtime_note_mlockall(int flags, int result);
 void runtime_note_munlockall(int result);
 
+/* Locked ranges wait for the program's CUDA context (PINSHIM_CONTEXT=program):
+ * at most every 10 ms, a shim call checks whether a CUDA driver is loaded now
+ * and, if so, wakes the registration thread to look for a context. One load
+ * when nothing waits. */
+void runtime_notice_cuda_slow(void);
+static inline void runtime_notice_cuda(void)
+{
+    if (__builtin_expect(engine_has_pending(&runtime_engine), 0))
+        runtime_notice_cuda_slow();
+}
+
 #endif

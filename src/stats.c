@@ -123,7 +123,7 @@ bool stats_write_json(int fd, const struct stats_report *report)
         config_format_value(report->config, (enum option_id)i, value, sizeof(value));
         out_json_string(&out, option_table[i].env_name + sizeof("PINSHIM_") - 1);
         out_text(&out, ": ");
-        if (i == OPT_MIN_BYTES)
+        if (i == OPT_MIN_BYTES || i == OPT_MAX_REGISTRATION || i == OPT_FORK_WARN)
             out_text(&out, value);
         else
             out_json_string(&out, value);
@@ -139,15 +139,45 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_json_string(&out, report->cudart_path);
     out_text(&out, ", \"error\": ");
     out_json_string(&out, report->cudart_error);
+    out_text(&out, ", \"passed_over\": [");
+    for (size_t i = 0; i < report->cudart_try_count; i++) {
+        out_text(&out, i ? ", {\"runtime\": " : "{\"runtime\": ");
+        out_json_string(&out, report->cudart_tries[i].name);
+        out_text(&out, ", \"why\": ");
+        out_json_string(&out, report->cudart_tries[i].result);
+        out_text(&out, "}");
+    }
+    out_text(&out, "]");
 
-    out_text(&out, "},\n \"register\": {");
+    out_text(&out, "},\n \"context\": {\"mode\": ");
+    char mode[16];
+    config_format_value(report->config, OPT_CONTEXT, mode, sizeof(mode));
+    out_json_string(&out, mode);
+    out_text(&out, ", \"driver\": ");
+    out_json_string(&out, report->driver_path);
+    out_format(&out, ", \"contexts_created\": %llu}",
+               (unsigned long long)report->contexts_created);
+    out_text(&out, ",\n \"devices\": [");
+    bool first_device = true;
+    for (size_t i = 0; i < report->device_count; i++) {
+        if (report->devices[i].registrations == 0)
+            continue;
+        out_format(&out, "%s{\"device\": %zu, \"registrations\": %llu, \"bytes\": %llu}",
+                   first_device ? "" : ", ", i,
+                   (unsigned long long)report->devices[i].registrations,
+                   (unsigned long long)report->devices[i].bytes);
+        first_device = false;
+    }
+    out_text(&out, "]");
+
+    out_text(&out, ",\n \"register\": {");
     out_key_u64(&out, "ok", c->register_ok, false);
     out_key_u64(&out, "failed", c->register_failed, false);
     out_key_u64(&out, "already_registered", c->register_already_registered, false);
     out_key_u64(&out, "skipped_small", c->register_skipped_small, false);
     out_key_u64(&out, "skipped_no_runtime", report->skipped_disabled, false);
     out_key_u64(&out, "skipped_address", report->skipped_address, false);
-    out_key_u64(&out, "skipped_race_pages", report->skipped_race_pages, false);
+    out_key_u64(&out, "skipped_onfault_pages", report->skipped_onfault_pages, false);
     out_key_u64(&out, "bytes", c->register_bytes, false);
     out_format(&out, "\"seconds\": %.6f", seconds(c->register_nanoseconds));
 
@@ -161,8 +191,28 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_key_u64(&out, "mremap", c->unregister_mremap, false);
     out_key_u64(&out, "mmap_fixed", c->unregister_mmap_fixed, false);
     out_key_u64(&out, "exit", c->unregister_exit, false);
+    out_key_u64(&out, "program", c->unregister_program, false);
     out_key_u64(&out, "exit_unloading", report->exit_unloading, false);
+    out_key_u64(&out, "gone", report->gone_with_context, false);
     out_format(&out, "\"seconds\": %.6f", seconds(c->unregister_nanoseconds));
+
+    out_text(&out, "},\n \"deferred\": {");
+    out_key_u64(&out, "ranges", report->deferred_total, false);
+    out_key_u64(&out, "registered_later", report->deferred_registered, false);
+    out_key_u64(&out, "dropped", report->deferred_dropped, false);
+    out_key_u64(&out, "pending_ranges_at_exit", report->pending_ranges_at_exit, false);
+    out_key_u64(&out, "pending_bytes_at_exit", report->pending_bytes_at_exit, true);
+
+    out_text(&out, "},\n \"thread\": {");
+    out_key_u64(&out, "queued_at_exit", report->queued_ranges_at_exit, false);
+    out_key_u64(&out, "cancelled", report->cancelled_queued, false);
+    out_format(&out, "\"wait_seconds\": %.6f, \"background_seconds\": %.6f",
+               seconds(report->wait_nanoseconds), seconds(report->background_nanoseconds));
+
+    out_text(&out, "},\n \"program\": {");
+    out_key_u64(&out, "registrations", c->program_registrations, false);
+    out_key_u64(&out, "unregistrations", report->program_unregistrations, false);
+    out_key_u64(&out, "taken_back", report->program_took_back, true);
 
     out_text(&out, "},\n \"calls\": {");
     out_key_u64(&out, "lock", c->lock_calls, false);
@@ -216,27 +266,79 @@ bool stats_write_text(int fd, const struct stats_report *report)
                seconds(c->register_nanoseconds), (unsigned long long)c->unregister_ok,
                (unsigned long long)c->register_failed, (unsigned long long)c->unregister_failed,
                (unsigned long long)report->live_ranges_at_exit, live);
-    if (report->cudart_usable)
-        out_format(&out, "pinshim:   runtime %s%s\n", report->cudart_path,
-                   report->cudart_shared ? " (shared with the program)" : "");
+    bool program_mode = report->config->context_mode == CONTEXT_PROGRAM;
+    if (program_mode && report->driver_path != NULL)
+        out_format(&out, "pinshim:   context: the program's, through %s\n", report->driver_path);
+    else if (program_mode && report->cudart_error != NULL)
+        out_format(&out, "pinshim:   context: none used: %s\n", report->cudart_error);
+    else if (program_mode)
+        out_text(&out, "pinshim:   context: the program's; the program never had one while "
+                       "the shim looked\n");
+    else if (report->cudart_usable)
+        out_format(&out, "pinshim:   runtime %s%s; %llu context(s) created by the shim\n",
+                   report->cudart_path, report->cudart_shared ? " (shared with the program)" : "",
+                   (unsigned long long)report->contexts_created);
     else if (report->cudart_error != NULL)
         out_format(&out, "pinshim:   runtime not used: %s\n", report->cudart_error);
     else
         out_text(&out, "pinshim:   runtime not loaded (no lock reached PINSHIM_MIN_BYTES)\n");
+    if (report->deferred_total != 0 || report->pending_ranges_at_exit != 0) {
+        char pending[32];
+        human_bytes(report->pending_bytes_at_exit, pending, sizeof(pending));
+        out_format(&out,
+                   "pinshim:   deferred %llu range(s) until the program had a context: %llu "
+                   "registered later, %llu released first, %llu (%s) still waiting at exit\n",
+                   (unsigned long long)report->deferred_total,
+                   (unsigned long long)report->deferred_registered,
+                   (unsigned long long)report->deferred_dropped,
+                   (unsigned long long)report->pending_ranges_at_exit, pending);
+    }
+    if (report->background_nanoseconds != 0 || report->queued_ranges_at_exit != 0 ||
+        report->cancelled_queued != 0)
+        out_format(&out,
+                   "pinshim:   thread: %.3f s registering in the background, %.3f s in the "
+                   "program's calls; %llu cancelled before registration, %llu queued at exit\n",
+                   seconds(report->background_nanoseconds), seconds(report->wait_nanoseconds),
+                   (unsigned long long)report->cancelled_queued,
+                   (unsigned long long)report->queued_ranges_at_exit);
+    if (report->device_count > 0) {
+        out_text(&out, "pinshim:   devices:");
+        for (size_t i = 0; i < report->device_count; i++) {
+            if (report->devices[i].registrations == 0)
+                continue;
+            char bytes[32];
+            human_bytes(report->devices[i].bytes, bytes, sizeof(bytes));
+            out_format(&out, " %zu: %llu (%s)", i,
+                       (unsigned long long)report->devices[i].registrations, bytes);
+        }
+        out_text(&out, "\n");
+    }
+    if (c->program_registrations != 0 || c->unregister_program != 0)
+        out_format(&out,
+                   "pinshim:   program: registered %llu range(s) itself (the shim gave up %llu "
+                   "of its own there), unregistered %llu, %llu taken back\n",
+                   (unsigned long long)c->program_registrations,
+                   (unsigned long long)c->unregister_program,
+                   (unsigned long long)report->program_unregistrations,
+                   (unsigned long long)report->program_took_back);
     out_format(&out,
                "pinshim:   register: %llu already registered by the program, %llu below "
-               "min_bytes, %llu without a runtime; peak %s\n",
+               "min_bytes, %llu with registration off, %llu MLOCK_ONFAULT pages not resident; "
+               "peak %s\n",
                (unsigned long long)c->register_already_registered,
                (unsigned long long)c->register_skipped_small,
-               (unsigned long long)report->skipped_disabled, peak);
+               (unsigned long long)report->skipped_disabled,
+               (unsigned long long)report->skipped_onfault_pages, peak);
     out_format(&out,
                "pinshim:   unregister by munlock %llu, free %llu, realloc %llu, munmap %llu, "
-               "mremap %llu, mmap_fixed %llu, exit %llu (%llu after the runtime unloaded)\n",
+               "mremap %llu, mmap_fixed %llu, exit %llu (%llu after CUDA unloaded), %llu found "
+               "gone\n",
                (unsigned long long)c->unregister_munlock, (unsigned long long)c->unregister_free,
                (unsigned long long)c->unregister_realloc, (unsigned long long)c->unregister_munmap,
                (unsigned long long)c->unregister_mremap,
                (unsigned long long)c->unregister_mmap_fixed, (unsigned long long)c->unregister_exit,
-               (unsigned long long)report->exit_unloading);
+               (unsigned long long)report->exit_unloading,
+               (unsigned long long)report->gone_with_context);
     if (report->error_count > 0) {
         out_text(&out, "pinshim:   errors:");
         for (size_t i = 0; i < report->error_count; i++)

@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #define STATS_MAX_ERRORS 32
+#define STATS_MAX_DEVICES 64
+#define STATS_MAX_TRIES 8
 
 struct stats_report {
     long pid;
@@ -23,13 +25,32 @@ struct stats_report {
     bool cudart_shared;
     const char *cudart_path;  /* NULL when nothing was loaded */
     const char *cudart_error; /* NULL when it loaded fine or was never needed */
+    size_t cudart_try_count; /* runtimes passed over before the one used, and why */
+    struct {
+        const char *name;
+        const char *result;
+    } cudart_tries[STATS_MAX_TRIES];
+    const char *driver_path; /* the program's libcuda.so.1, when the shim used it */
+    uint64_t contexts_created; /* by the shim (PINSHIM_CONTEXT=create only) */
     struct pinshim_counters counters;
     uint64_t skipped_disabled;
     uint64_t skipped_address;
-    uint64_t skipped_race_pages;
+    uint64_t skipped_onfault_pages;
     uint64_t exit_unloading;
     uint64_t live_ranges_at_exit;
     uint64_t live_bytes_at_exit;
+    /* Ranges that waited for the program's CUDA context. */
+    uint64_t deferred_total, deferred_registered, deferred_dropped;
+    uint64_t pending_ranges_at_exit, pending_bytes_at_exit;
+    /* The registration thread. */
+    uint64_t queued_ranges_at_exit, cancelled_queued;
+    uint64_t wait_nanoseconds, background_nanoseconds;
+    /* The program's own registrations. */
+    uint64_t program_unregistrations, program_took_back, gone_with_context;
+    size_t device_count; /* devices[0..device_count) */
+    struct {
+        uint64_t registrations, bytes;
+    } devices[STATS_MAX_DEVICES];
     bool fork_child;
     const char *block_size_source; /* how free learned block sizes; NULL: not reported */
     size_t error_count;

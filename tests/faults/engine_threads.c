@@ -1,8 +1,10 @@
 /* Many threads drive one engine at once over overlapping pages, through an
  * in-process backend that keeps CUDA's rules: lock, unlock (sometimes failing
- * and put back from the ticket), queries and counters, while the backend fails
- * some calls. Plain C without Criterion, so that it also runs under
- * ThreadSanitizer (scripts/sanitize), where Criterion cannot start.
+ * and put back), frees of blocks, the program's own registrations, queries
+ * and counters, while the backend fails some calls; once with registration in
+ * the locking threads and once with a registration thread. Plain C without
+ * Criterion, so that it also runs under ThreadSanitizer (scripts/sanitize),
+ * where Criterion cannot start.
  *
  * Checks: the backend never sees an overlapping registration or an unknown
  * base, the engine's counters agree with the backend's, and after the
@@ -32,19 +34,26 @@ static struct {
     struct backend_range ranges[MAX_RANGES];
     size_t count;
     uint64_t register_calls, unregister_calls, register_ok, unregister_ok;
-    uint64_t overlaps, unknown_bases;
+    uint64_t overlaps, unknown_bases, program_ranges;
 } backend = {.mutex = PTHREAD_MUTEX_INITIALIZER};
 
-static bool backend_ready(void *context)
+static enum engine_choice backend_choose(void *context, bool from_worker,
+                                         const struct range_place *hint,
+                                         struct range_place *place)
 {
     (void)context;
-    return true;
+    (void)from_worker;
+    (void)hint;
+    *place = (struct range_place){.device = 0};
+    return ENGINE_PLACE_READY;
 }
 
 /* Every 7th register and every 11th unregister fail, as an unreliable runtime. */
-static int backend_register(void *context, void *base, size_t length)
+static int backend_register(void *context, const struct range_place *place, void *base,
+                            size_t length)
 {
     (void)context;
+    (void)place;
     pthread_mutex_lock(&backend.mutex);
     int result = 0;
     uintptr_t start = (uintptr_t)base, end = start + length;
@@ -68,9 +77,10 @@ static int backend_register(void *context, void *base, size_t length)
     return result;
 }
 
-static int backend_unregister(void *context, void *base)
+static int backend_unregister(void *context, const struct range_place *place, void *base)
 {
     (void)context;
+    (void)place;
     pthread_mutex_lock(&backend.mutex);
     int result = ENGINE_CUDA_NOT_REGISTERED;
     size_t i = 0;
@@ -92,15 +102,83 @@ static int backend_unregister(void *context, void *base)
     return result;
 }
 
+static struct engine engine;
+static atomic_ulong queries;
+static atomic_int worker_running;
+
+static void *registration_thread(void *argument)
+{
+    (void)argument;
+    engine_worker_run(&engine, 1000000, false);
+    atomic_store(&worker_running, 0);
+    return NULL;
+}
+
+static void backend_wake(void *context)
+{
+    (void)context;
+    pthread_t thread;
+    atomic_store(&worker_running, 1);
+    if (pthread_create(&thread, NULL, registration_thread, NULL) == 0)
+        pthread_detach(thread);
+    else
+        engine_worker_run(&engine, 0, true);
+}
+
 static const struct engine_backend test_backend = {
-    .ready = backend_ready,
+    .choose_place = backend_choose,
     .register_range = backend_register,
     .unregister_range = backend_unregister,
     .error_name = NULL,
+    .wake_worker = backend_wake,
 };
 
-static struct engine engine;
-static atomic_ulong queries;
+static long succeed(void *arguments)
+{
+    (void)arguments;
+    return 0;
+}
+
+static long fail(void *arguments)
+{
+    (void)arguments;
+    return -1;
+}
+
+/* The program's own cudaHostRegister of [start, end): the backend's table. */
+static long program_register(void *arguments)
+{
+    uintptr_t *range = arguments;
+    pthread_mutex_lock(&backend.mutex);
+    long result = 0;
+    for (size_t i = 0; i < backend.count && result == 0; i++)
+        if (range[0] < backend.ranges[i].base + backend.ranges[i].length &&
+            backend.ranges[i].base < range[1])
+            result = ENGINE_CUDA_ALREADY_REGISTERED;
+    if (result == 0 && backend.count < MAX_RANGES) {
+        backend.ranges[backend.count++] = (struct backend_range){range[0], range[1] - range[0]};
+        backend.program_ranges++;
+    }
+    pthread_mutex_unlock(&backend.mutex);
+    return result;
+}
+
+static long program_unregister(void *arguments)
+{
+    uintptr_t *range = arguments;
+    pthread_mutex_lock(&backend.mutex);
+    long result = ENGINE_CUDA_NOT_REGISTERED;
+    for (size_t i = 0; i < backend.count; i++)
+        if (backend.ranges[i].base == range[0] &&
+            backend.ranges[i].length == range[1] - range[0]) {
+            backend.ranges[i] = backend.ranges[--backend.count];
+            backend.program_ranges--;
+            result = 0;
+            break;
+        }
+    pthread_mutex_unlock(&backend.mutex);
+    return result;
+}
 
 static uint32_t next_random(uint32_t *state)
 {
@@ -118,32 +196,35 @@ static void *work(void *argument)
         if (first + pages > AREA_PAGES)
             pages = AREA_PAGES - first;
         uintptr_t start = AREA_BASE + first * PAGE, end = start + pages * PAGE;
-        switch (next_random(&state) % 6) {
+        struct engine_call ok = {succeed, NULL}, failing = {fail, NULL};
+        switch (next_random(&state) % 8) {
         case 0:
-        case 1: {
-            /* A lock of an unaligned byte range, as a program gives it, checked
-             * against the unlocks that happen meanwhile (as mlock does). */
-            uint64_t unlocks_before = engine_unlock_sequence(&engine);
-            engine_after_lock(&engine, start + 100, (size_t)(end - start) - 200, unlocks_before);
+        case 1:
+            /* A lock of an unaligned byte range, as a program gives it. */
+            engine_lock(&engine, start + 100, (size_t)(end - start) - 200, 0, &ok);
             break;
-        }
         case 2:
-            engine_note_unlock(&engine, start, end);
-            engine_release(&engine, start, end, RELEASE_MUNLOCK, NULL);
+            engine_unlock(&engine, start, end, RELEASE_MUNLOCK, ENGINE_FAILED_CHANGED_NOTHING,
+                          &ok);
             break;
-        case 3: {
-            /* An munlock that fails: what was released is put back. */
-            struct engine_ticket ticket = {0};
-            engine_release(&engine, start, end, RELEASE_MUNMAP, &ticket);
-            if (next_random(&state) % 2)
-                engine_restore(&engine, &ticket, 0, UINTPTR_MAX);
-            else
-                engine_ticket_discard(&engine, &ticket);
+        case 3:
+            /* An unmap that fails: what was released is put back. */
+            engine_unlock(&engine, start, end, RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING,
+                          next_random(&state) % 2 ? &failing : &ok);
+            break;
+        case 4:
+            /* A heap block's bytes go back to the allocator. */
+            engine_release_block(&engine, start + 24, end - 40, RELEASE_FREE, false, &ok);
+            break;
+        case 5: {
+            /* The program registers (and at once unregisters) a range itself. */
+            uintptr_t range[2] = {start, end};
+            struct engine_call registering = {program_register, range};
+            struct engine_call unregistering = {program_unregister, range};
+            if (engine_program_register(&engine, start, end - start, &registering) == 0)
+                engine_program_unregister(&engine, start, &unregistering);
             break;
         }
-        case 4:
-            engine_register_pages(&engine, start, end);
-            break;
         default:
             atomic_fetch_add(&queries, (unsigned long)engine_is_registered(&engine, start));
             engine_get_counters(&engine, &counters);
@@ -153,9 +234,18 @@ static void *work(void *argument)
     return NULL;
 }
 
-int main(void)
+static int run(bool asynchronous)
 {
-    if (!engine_init(&engine, &test_backend, 64 * 1024, PAGE)) {
+    memset((void *)backend.ranges, 0, sizeof(backend.ranges));
+    backend.count = 0;
+    backend.register_calls = backend.unregister_calls = backend.register_ok =
+        backend.unregister_ok = backend.overlaps = backend.unknown_bases =
+            backend.program_ranges = 0;
+    struct engine_options options = {.min_bytes = 64 * 1024,
+                                     .max_registration_bytes = 32 * PAGE,
+                                     .asynchronous = asynchronous,
+                                     .page_size = PAGE};
+    if (!engine_init(&engine, &test_backend, &options)) {
         fprintf(stderr, "engine_init failed\n");
         return 1;
     }
@@ -164,7 +254,10 @@ int main(void)
         pthread_create(&threads[i], NULL, work, (void *)(i * 7919 + 1));
     for (int i = 0; i < THREADS; i++)
         pthread_join(threads[i], NULL);
+    engine_drain(&engine);
     engine_shutdown(&engine);
+    while (atomic_load(&worker_running))
+        sched_yield();
 
     struct pinshim_counters counters;
     engine_get_counters(&engine, &counters);
@@ -181,20 +274,31 @@ int main(void)
           (unsigned long long)backend.overlaps);
     CHECK(backend.unknown_bases == 0, "%llu unregistrations of unknown bases",
           (unsigned long long)backend.unknown_bases);
-    CHECK(backend.count == 0, "%zu ranges left registered after the shutdown", backend.count);
+    CHECK(backend.count == backend.program_ranges,
+          "%zu ranges left registered by the shim after the shutdown",
+          backend.count - (size_t)backend.program_ranges);
     CHECK(counters.register_ok == backend.register_ok, "register_ok %llu, backend %llu",
           (unsigned long long)counters.register_ok, (unsigned long long)backend.register_ok);
     CHECK(counters.unregister_ok == backend.unregister_ok, "unregister_ok %llu, backend %llu",
           (unsigned long long)counters.unregister_ok, (unsigned long long)backend.unregister_ok);
     CHECK(counters.live_ranges == 0 && counters.live_bytes == 0, "live %llu ranges",
           (unsigned long long)counters.live_ranges);
-    CHECK(counters.register_ok > 0 && counters.unregister_munlock > 0,
+    CHECK(counters.register_ok > 0 && counters.unregister_munlock > 0 &&
+              counters.unregister_free > 0 && counters.program_registrations > 0,
           "the workload did too little");
-    printf("%s: %llu registrations, %llu unregistrations, %llu failed, %lu positive queries\n",
-           failures ? "FAIL" : "PASS", (unsigned long long)counters.register_ok,
-           (unsigned long long)counters.unregister_ok,
+    printf("%s (%s): %llu registrations, %llu unregistrations, %llu failed, %llu by the program, "
+           "%lu positive queries\n",
+           failures ? "FAIL" : "PASS", asynchronous ? "registration thread" : "in the caller",
+           (unsigned long long)counters.register_ok, (unsigned long long)counters.unregister_ok,
            (unsigned long long)(counters.register_failed + counters.unregister_failed),
-           atomic_load(&queries));
+           (unsigned long long)counters.program_registrations, atomic_load(&queries));
     engine_destroy(&engine);
+    return failures;
+}
+
+int main(void)
+{
+    int failures = run(false);
+    failures += run(true);
     return failures ? 1 : 0;
 }

@@ -19,10 +19,17 @@ static void teardown(void)
 
 TestSuite(range_registry, .init = setup, .fini = teardown);
 
+static bool insert_range(uintptr_t base, uintptr_t end, enum range_state state)
+{
+    struct range_record record = {.base = base, .end = end, .lock_start = base, .lock_end = end,
+                                  .place = {.device = -1}, .state = (uint8_t)state};
+    return range_registry_insert(&registry, &record) != NULL;
+}
+
 Test(range_registry, insert_find_remove)
 {
     uintptr_t base = 0x7f1234560000;
-    cr_assert(range_registry_insert(&registry, base, base + 16 * PAGE, RANGE_REGISTERED));
+    cr_assert(insert_range(base, base + 16 * PAGE, RANGE_REGISTERED));
     struct range_record *record = range_registry_find(&registry, base);
     cr_assert_not_null(record);
     cr_assert_eq(record->end, base + 16 * PAGE);
@@ -37,8 +44,8 @@ Test(range_registry, insert_find_remove)
 Test(range_registry, containing_and_first_overlap)
 {
     uintptr_t a = 0x40000000, b = a + 10 * PAGE, c = b + 4 * PAGE;
-    cr_assert(range_registry_insert(&registry, a, a + 4 * PAGE, RANGE_REGISTERED));
-    cr_assert(range_registry_insert(&registry, b, c, RANGE_REGISTERED));
+    cr_assert(insert_range(a, a + 4 * PAGE, RANGE_REGISTERED));
+    cr_assert(insert_range(b, c, RANGE_REGISTERED));
     cr_assert_eq(range_registry_containing(&registry, a + 3 * PAGE + 7)->base, a);
     cr_assert_null(range_registry_containing(&registry, a + 4 * PAGE));
     cr_assert_eq(range_registry_containing(&registry, c - 1)->base, b);
@@ -52,8 +59,8 @@ Test(range_registry, containing_and_first_overlap)
 Test(range_registry, adjacent_ranges_do_not_merge)
 {
     uintptr_t a = 0x50000000;
-    cr_assert(range_registry_insert(&registry, a, a + PAGE, RANGE_REGISTERED));
-    cr_assert(range_registry_insert(&registry, a + PAGE, a + 2 * PAGE, RANGE_REGISTERING));
+    cr_assert(insert_range(a, a + PAGE, RANGE_REGISTERED));
+    cr_assert(insert_range(a + PAGE, a + 2 * PAGE, RANGE_REGISTERING));
     cr_assert_eq(range_registry_containing(&registry, a + PAGE)->base, a + PAGE);
     cr_assert_eq(range_registry_containing(&registry, a)->end, a + PAGE);
     range_registry_remove(&registry, a);
@@ -67,7 +74,7 @@ Test(range_registry, removal_keeps_probe_chains)
     enum { COUNT = 5000 };
     uintptr_t base = 0x100000000;
     for (uintptr_t i = 0; i < COUNT; i++)
-        cr_assert(range_registry_insert(&registry, base + i * 2 * PAGE, base + i * 2 * PAGE + PAGE,
+        cr_assert(insert_range(base + i * 2 * PAGE, base + i * 2 * PAGE + PAGE,
                                         RANGE_REGISTERED));
     for (uintptr_t i = 0; i < COUNT; i += 3)
         range_registry_remove(&registry, base + i * 2 * PAGE);
@@ -85,7 +92,7 @@ Test(range_registry, a_million_ranges, .timeout = 120)
     enum { COUNT = 1000000 };
     uintptr_t base = 0x200000000;
     for (uintptr_t i = 0; i < COUNT; i++)
-        cr_assert(range_registry_insert(&registry, base + i * 2 * PAGE, base + i * 2 * PAGE + PAGE,
+        cr_assert(insert_range(base + i * 2 * PAGE, base + i * 2 * PAGE + PAGE,
                                         RANGE_REGISTERED));
     cr_assert_eq(registry.count, COUNT);
     for (uintptr_t i = 0; i < COUNT; i += 997) {
@@ -99,4 +106,37 @@ Test(range_registry, a_million_ranges, .timeout = 120)
         range_registry_remove(&registry, base + i * 2 * PAGE);
     cr_assert_eq(registry.count, 0);
     cr_assert_not(page_index_any_used(&registry.index, 0, PAGE_INDEX_LIMIT));
+}
+
+/* A split keeps every page marked (lock-free readers see no gap), marks the
+ * new base, and copies the record's fields to the right part. */
+Test(range_registry, split_keeps_pages_marked)
+{
+    uintptr_t a = 0x60000000;
+    cr_assert(insert_range(a, a + 8 * PAGE, RANGE_REGISTERED));
+    struct range_record *left = range_registry_find(&registry, a);
+    left->lock_start = a + 100;
+    left->place.device = 3;
+    struct range_record *right = range_registry_split(&registry, a, a + 3 * PAGE);
+    cr_assert_not_null(right);
+    cr_assert_eq(right->base, a + 3 * PAGE);
+    cr_assert_eq(right->end, a + 8 * PAGE);
+    cr_assert_eq(right->lock_start, a + 100);
+    cr_assert_eq(right->place.device, 3);
+    cr_assert_eq(right->state, RANGE_REGISTERED);
+    cr_assert_eq(range_registry_find(&registry, a)->end, a + 3 * PAGE);
+    cr_assert_eq(registry.count, 2);
+    for (uintptr_t page = a; page < a + 8 * PAGE; page += PAGE)
+        cr_assert(page_index_any_used(&registry.index, page, page + 1), "page %#lx unmarked",
+                  (unsigned long)page);
+    cr_assert_eq(range_registry_containing(&registry, a + 3 * PAGE + 5)->base, a + 3 * PAGE);
+    cr_assert_eq(range_registry_containing(&registry, a + 2 * PAGE + 5)->base, a);
+    /* Splitting outside the record, or at its ends, changes nothing. */
+    cr_assert_null(range_registry_split(&registry, a, a));
+    cr_assert_null(range_registry_split(&registry, a, a + 3 * PAGE));
+    cr_assert_null(range_registry_split(&registry, a + PAGE, a + 2 * PAGE));
+    cr_assert_eq(registry.count, 2);
+    range_registry_remove(&registry, a + 3 * PAGE);
+    cr_assert(page_index_any_used(&registry.index, a, a + 3 * PAGE));
+    cr_assert_not(page_index_any_used(&registry.index, a + 3 * PAGE, a + 8 * PAGE));
 }

@@ -1,0 +1,88 @@
+/* CUDA driver: the program's CUDA contexts, seen through the driver API of
+ * the libcuda.so.1 the program already loaded (found with RTLD_NOLOAD; the
+ * shim never loads or initialises the driver itself), and registrations made
+ * through it into those contexts.
+ *
+ * Why the driver API and not the runtime: a registration pushed into a
+ * context with cuCtxPushCurrent and popped afterwards leaves the thread's CUDA
+ * state exactly as it was (a thread with no current context still has none),
+ * never touches the runtime's per-thread last-error slot or current device,
+ * works for programs with a static or another version of the runtime, and is
+ * the same driver every runtime copy of the process shares. Callers hold the
+ * reentrancy guard: the driver may allocate and map memory. */
+#ifndef PINSHIM_CUDA_DRIVER_H
+#define PINSHIM_CUDA_DRIVER_H
+
+#include "engine.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* CUresult values the shim interprets (cuda.h). */
+enum {
+    CUDA_DRIVER_SUCCESS = 0,
+    CUDA_DRIVER_NOT_INITIALIZED = 3,
+    CUDA_DRIVER_DEINITIALIZED = 4,
+    CUDA_DRIVER_INVALID_CONTEXT = 201,
+    CUDA_DRIVER_CONTEXT_IS_DESTROYED = 709,
+};
+
+/* cuMemHostRegister flags (cuda.h): the runtime's cudaHostRegister* values. */
+#define CUDA_DRIVER_REGISTER_PORTABLE 0x01u
+#define CUDA_DRIVER_REGISTER_DEVICEMAP 0x02u
+
+typedef int (*cu_result_fn)(void);
+struct cuda_driver {
+    void *handle;
+    int (*ctx_get_current)(uintptr_t *context);
+    int (*ctx_get_device)(int *device);
+    int (*ctx_push)(uintptr_t context);
+    int (*ctx_pop)(uintptr_t *context);
+    int (*device_get_count)(int *count);
+    int (*device_get)(int *device, int ordinal);
+    int (*primary_get_state)(int device, unsigned *flags, int *active);
+    int (*primary_retain)(uintptr_t *context, int device);
+    int (*primary_release)(int device);
+    int (*host_register)(void *pointer, size_t bytes, unsigned flags);
+    int (*host_unregister)(void *pointer);
+    int (*get_error_name)(int error, const char **name);
+    int (*driver_get_version)(int *version);
+    bool found;
+    char path[512];
+};
+
+/* Looks for a libcuda.so.1 the process has loaded; cheap when it is absent
+ * (one dlopen with RTLD_NOLOAD). True when it is there with every entry
+ * point the shim uses. Safe to call again: a found driver stays found. */
+bool cuda_driver_find(struct cuda_driver *driver);
+/* Only whether libcuda.so.1 is loaded now, without resolving anything. */
+bool cuda_driver_is_loaded(void);
+
+/* Where a registration of memory locked by the calling thread should go
+ * (see engine_backend.choose_place). preferred_device: the device the
+ * program's threads were last seen using, or -1; updated when the calling
+ * thread has a current context. */
+enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool from_worker,
+                                            const struct range_place *hint,
+                                            int *preferred_device, struct range_place *place);
+
+/* Registers or unregisters in place's context, entered for the call and left
+ * afterwards. ENGINE_CUDA_NO_CONTEXT when that context is not there (any
+ * more) to register into; ENGINE_CUDA_NOT_REGISTERED when a registration's
+ * context is gone (the driver dropped its registrations with it). */
+int cuda_driver_register(struct cuda_driver *driver, const struct range_place *place, void *base,
+                         size_t length, unsigned flags);
+int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place *place,
+                           void *base);
+
+/* Whether the process has initialised the driver (cuInit): a probe that never
+ * initialises anything. False when the driver is not loaded. */
+bool cuda_driver_initialized(struct cuda_driver *driver);
+
+const char *cuda_driver_error_name(struct cuda_driver *driver, int error);
+
+/* In a fork child: the lock a parent's thread held is free again. */
+void cuda_driver_after_fork(void);
+
+#endif
