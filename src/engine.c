@@ -419,6 +419,7 @@ static void register_record_locked(struct engine *engine, uintptr_t base, bool o
         engine->wait_nanoseconds += took;
     if (error == ENGINE_CUDA_SUCCESS) {
         record->state = RANGE_REGISTERED;
+        record->place = place;
         counters->register_ok++;
         counters->register_bytes += length;
         counters->live_ranges++;
@@ -612,6 +613,7 @@ static int unregister_record_locked(struct engine *engine, uintptr_t base,
         /* Gone already: with its context (destroyed by the program), or
          * unregistered by the program through a path the shim cannot see. */
         engine->gone_with_context++;
+        note_error(engine, error, engine->warned_unregister);
         log_info("%#lx was no longer registered (its context was destroyed, or the program "
                  "unregistered it itself)",
                  (unsigned long)base);

@@ -55,8 +55,8 @@ struct engine_backend {
      * at, or NULL. */
     enum engine_choice (*choose_place)(void *context, bool from_worker,
                                        const struct range_place *hint, struct range_place *place);
-    int (*register_range)(void *context, const struct range_place *place, void *base,
-                          size_t length);
+    /* May fill in place->device when the backend chose it (the runtime's). */
+    int (*register_range)(void *context, struct range_place *place, void *base, size_t length);
     int (*unregister_range)(void *context, const struct range_place *place, void *base);
     /* Name of an error code, for messages; may return NULL. */
     const char *(*error_name)(void *context, int error);

@@ -429,7 +429,6 @@ static int lock_through_engine(const void *addr, size_t len, unsigned engine_fla
 {
     int saved_errno = errno;
     runtime_ensure_initialized();
-    engine_count(&runtime_engine.lock_calls);
     choose_block_extent_source_once(len);
     runtime_notice_cuda();
     errno = saved_errno;
@@ -437,6 +436,8 @@ static int lock_through_engine(const void *addr, size_t len, unsigned engine_fla
     runtime_guard_enter();
     int result = (int)engine_lock(&runtime_engine, (uintptr_t)addr, len, engine_flags, &call);
     runtime_guard_leave();
+    if (result == 0)
+        engine_count(&runtime_engine.lock_calls);
     return result;
 }
 
@@ -549,7 +550,6 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
     int saved_errno = errno;
     if (locks) {
         runtime_ensure_initialized();
-        engine_count(&runtime_engine.lock_calls);
         choose_block_extent_source_once(length);
     }
     runtime_notice_cuda();
@@ -559,6 +559,8 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
     runtime_guard_enter();
     long result = engine_map(&runtime_engine, start, length, replaces, locks, &call);
     runtime_guard_leave();
+    if (locks && result != -1)
+        engine_count(&runtime_engine.lock_calls);
     return (void *)result;
 }
 

@@ -153,7 +153,7 @@ static unsigned driver_register_flags(void)
 /* PINSHIM_CONTEXT=create: the runtime's call on the calling thread, on the
  * device asked for (switched to and back). Counts the contexts it created,
  * as far as the driver can tell. */
-static int create_mode_register(const struct range_place *place, void *base, size_t length)
+static int create_mode_register(struct range_place *place, void *base, size_t length)
 {
     int previous = -1, device = place->device;
     if (cuda.get_device != NULL && cuda.get_device(&previous) != 0) {
@@ -181,10 +181,11 @@ static int create_mode_register(const struct range_place *place, void *base, siz
         __atomic_fetch_add(&contexts_created, 1, __ATOMIC_RELAXED);
     if (switch_device && previous >= 0 && cuda.set_device(previous) != 0)
         cuda_runtime_clear_last_error(&cuda);
+    place->device = device;
     return error;
 }
 
-static int backend_register(void *context, const struct range_place *place, void *base,
+static int backend_register(void *context, struct range_place *place, void *base,
                             size_t length)
 {
     (void)context;

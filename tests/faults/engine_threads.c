@@ -49,7 +49,7 @@ static enum engine_choice backend_choose(void *context, bool from_worker,
 }
 
 /* Every 7th register and every 11th unregister fail, as an unreliable runtime. */
-static int backend_register(void *context, const struct range_place *place, void *base,
+static int backend_register(void *context, struct range_place *place, void *base,
                             size_t length)
 {
     (void)context;

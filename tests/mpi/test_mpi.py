@@ -106,6 +106,10 @@ def mpirun_command(mode, program, directory):
     command += [
         "-x", f"LD_PRELOAD={os.environ['PINSHIM_LIB']}",
         "-x", f"PINSHIM_CUDART={os.environ['FAKE_CUDART']}",
+        # The ranks use no CUDA: the fake runtime stands in for ranks that
+        # want their buffers pinned anyway (create mode, in the locking thread).
+        "-x", "PINSHIM_CONTEXT=create",
+        "-x", "PINSHIM_ASYNC=off",
         "-x", f"PINSHIM_STATS={directory}/stats.%h.%p.json",
         "-x", f"FAKE_CUDART_LOG={directory}/fake.log",
         "-x", "PINSHIM_LOG=warn",

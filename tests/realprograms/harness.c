@@ -233,12 +233,13 @@ void harness_expect_consistent_stats(const struct harness_run *run)
     double ok = harness_stat(run, "unregister.ok");
     double failed = harness_stat(run, "unregister.failed");
     double unloading = harness_stat(run, "unregister.exit_unloading");
+    double gone = harness_stat(run, "unregister.gone");
     double by_reason =
         harness_stat(run, "unregister.munlock") + harness_stat(run, "unregister.free") +
         harness_stat(run, "unregister.realloc") + harness_stat(run, "unregister.munmap") +
         harness_stat(run, "unregister.mremap") + harness_stat(run, "unregister.mmap_fixed") +
-        harness_stat(run, "unregister.exit");
-    cr_assert_eq(ok + failed + unloading, by_reason, "unregistrations do not add up:\n%s",
+        harness_stat(run, "unregister.exit") + harness_stat(run, "unregister.program");
+    cr_assert_eq(ok + failed + unloading + gone, by_reason, "unregistrations do not add up:\n%s",
                  run->stats);
     cr_assert_eq(harness_stat(run, "unregister.exit"), harness_stat(run, "live.ranges"), "%s",
                  run->stats);

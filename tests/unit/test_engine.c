@@ -58,7 +58,7 @@ static enum engine_choice mock_choose_place(void *context, bool from_worker,
     return choice;
 }
 
-static int mock_register(void *context, const struct range_place *place, void *base,
+static int mock_register(void *context, struct range_place *place, void *base,
                          size_t length)
 {
     (void)context;

@@ -37,6 +37,15 @@ static void fill(struct stats_report *report)
     report->errors[0].name = "cudaErrorMemoryAllocation";
     report->errors[0].code = 2;
     report->errors[0].count = 7;
+    report->device_count = 4;
+    report->devices[3].registrations = 5;
+    report->devices[3].bytes = 5 << 20;
+    report->deferred_total = 2;
+    report->deferred_registered = 1;
+    report->pending_ranges_at_exit = 1;
+    report->pending_bytes_at_exit = 2 << 20;
+    report->background_nanoseconds = 250000000;
+    report->driver_path = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
 }
 
 static char *render_json(const struct stats_report *report)
@@ -100,6 +109,22 @@ Test(stats, json_is_valid_and_has_the_documented_keys)
                              "live.peak_bytes"};
     for (size_t i = 0; i < sizeof(numbers) / sizeof(*numbers); i++)
         number_at(doc, numbers[i]);
+    const char *new_numbers[] = {"context.contexts_created", "deferred.ranges",
+                                 "deferred.registered_later", "deferred.pending_bytes_at_exit",
+                                 "thread.queued_at_exit", "thread.background_seconds",
+                                 "program.registrations", "unregister.program",
+                                 "register.skipped_onfault_pages"};
+    for (size_t i = 0; i < sizeof(new_numbers) / sizeof(*new_numbers); i++)
+        number_at(doc, new_numbers[i]);
+    cr_assert(json_lite_get_string(doc, "context.mode", text, sizeof(text)));
+    cr_assert_str_eq(text, "program");
+    cr_assert(json_lite_get_string(doc, "context.driver", text, sizeof(text)));
+    cr_assert_str_eq(text, "/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+    cr_assert_eq(json_lite_count(doc, "devices"), 1, "only devices that registered");
+    cr_assert_eq(number_at(doc, "devices.0.device"), 3);
+    cr_assert_eq(number_at(doc, "devices.0.bytes"), 5 << 20);
+    cr_assert_eq(number_at(doc, "deferred.pending_ranges_at_exit"), 1);
+    cr_assert_float_eq(number_at(doc, "thread.background_seconds"), 0.25, 1e-9);
     cr_assert_eq(number_at(doc, "register.ok"), 5);
     cr_assert_eq(number_at(doc, "register.bytes"), 5 << 20);
     cr_assert_float_eq(number_at(doc, "register.seconds"), 1.5, 1e-9);
@@ -141,11 +166,37 @@ Test(stats, text_summary_says_the_same)
     const char *headline = "pinshim: pid 4242 on node\"01\\: registered 5 (5.0 MiB in 1.500 s), "
                            "unregistered 4, failed 0+0, live at exit 1 (1.0 MiB)\n";
     cr_assert(strncmp(text, headline, strlen(headline)) == 0, "%s", text);
-    cr_assert(strstr(text, "runtime /usr/local/cuda/lib64/libcudart.so.13") != NULL);
+    cr_assert(strstr(text, "context: the program's, through /usr/lib/x86_64-linux-gnu/libcuda.so.1") !=
+                  NULL,
+              "%s", text);
+    cr_assert(strstr(text, "deferred 2 range(s) until the program had a context: 1 registered "
+                           "later, 0 released first, 1 (2.0 MiB) still waiting at exit") != NULL,
+              "%s", text);
+    cr_assert(strstr(text, "devices: 3: 5 (5.0 MiB)") != NULL, "%s", text);
+    cr_assert(strstr(text, "0.250 s registering in the background") != NULL, "%s", text);
     cr_assert(strstr(text, "munlock 3, free 1") != NULL);
     cr_assert(strstr(text, "errors: cudaErrorMemoryAllocation 7") != NULL);
     for (char *line = text; *line; line = strchr(line, '\n') + 1)
         cr_assert(strncmp(line, "pinshim: ", 9) == 0, "line without prefix: %s", line);
+}
+
+Test(stats, text_summary_of_create_mode_names_the_runtime)
+{
+    struct stats_report report;
+    fill(&report);
+    config.context_mode = CONTEXT_CREATE;
+    report.contexts_created = 1;
+    int pipe_fds[2];
+    cr_assert_eq(pipe(pipe_fds), 0);
+    cr_assert(stats_write_text(pipe_fds[1], &report));
+    close(pipe_fds[1]);
+    char text[4096];
+    ssize_t n = read(pipe_fds[0], text, sizeof(text) - 1);
+    close(pipe_fds[0]);
+    text[n > 0 ? n : 0] = '\0';
+    cr_assert(strstr(text, "runtime /usr/local/cuda/lib64/libcudart.so.13; 1 context(s) created "
+                           "by the shim") != NULL,
+              "%s", text);
 }
 
 Test(stats, path_templates)
