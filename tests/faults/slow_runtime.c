@@ -6,6 +6,7 @@
  *   SLOW_RUNTIME_UNREGISTER_MS  sleep this long in each cudaHostUnregister (the
  *                               shim unregisters inside munlock, before the
  *                               munlock system call)
+ *   SLOW_RUNTIME_REGISTER_MS    sleep this long in each cudaHostRegister
  * This holds a thread inside the shim long enough for another thread to act
  * in between (see shared_page_race.c). Everything else of the runtime (device
  * count, error names) is the fake's, found through this library's
@@ -50,6 +51,7 @@ __attribute__((constructor)) static void load_slowly(void)
 
 SLOW_EXPORT int cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 {
+    sleep_ms("SLOW_RUNTIME_REGISTER_MS");
     return fake_register ? fake_register(ptr, size, flags) : 3;
 }
 
