@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 /* Register flag names in the order of their bit values (cudaHostRegister*). */
@@ -29,23 +30,42 @@ static void copy_text(char *out, size_t out_size, const char *text)
     out[n] = '\0';
 }
 
-static bool parse_register(const char *value, struct pinshim_config *cfg, char *why,
-                           size_t why_size)
+static bool parse_boolean(const char *value, bool *out, char *why, size_t why_size)
 {
     static const char *const truthy[] = {"1", "true", "yes", "on"};
     static const char *const falsy[] = {"0", "false", "no", "off"};
     for (size_t i = 0; i < 4; i++) {
         if (strcasecmp(value, truthy[i]) == 0) {
-            cfg->register_enabled = true;
+            *out = true;
             return true;
         }
         if (strcasecmp(value, falsy[i]) == 0) {
-            cfg->register_enabled = false;
+            *out = false;
             return true;
         }
     }
     copy_text(why, why_size, "not a boolean");
     return false;
+}
+
+/* Appends text to out (NUL-terminated), cutting it short if it does not fit. */
+static void append_text(char *out, size_t out_size, const char *text)
+{
+    size_t used = strlen(out);
+    if (used < out_size)
+        copy_text(out + used, out_size - used, text);
+}
+
+static bool parse_register(const char *value, struct pinshim_config *cfg, char *why,
+                           size_t why_size)
+{
+    return parse_boolean(value, &cfg->register_enabled, why, why_size);
+}
+
+static bool parse_stats_all(const char *value, struct pinshim_config *cfg, char *why,
+                            size_t why_size)
+{
+    return parse_boolean(value, &cfg->stats_all, why, why_size);
 }
 
 bool parse_byte_size(const char *text, uint64_t *out)
@@ -202,30 +222,40 @@ static bool parse_block_size(const char *value, struct pinshim_config *cfg, char
 }
 
 const struct option_spec option_table[OPT_COUNT] = {
-    {OPT_REGISTER, "PINSHIM_REGISTER", "no-register", NULL, "1/true/yes/on, 0/false/no/off", "on",
+    {OPT_REGISTER, "PINSHIM_REGISTER", "no-register", NULL, "0", false,
+     "1/true/yes/on, 0/false/no/off", "on",
      "Whether locked ranges are registered with CUDA; off (--no-register) keeps mlock only and "
      "never loads CUDA.",
      parse_register},
-    {OPT_MIN_BYTES, "PINSHIM_MIN_BYTES", "min-bytes", "SIZE",
+    {OPT_MIN_BYTES, "PINSHIM_MIN_BYTES", "min-bytes", "SIZE", NULL, false,
      "bytes, or with a K/M/G suffix (powers of 1024)", "64K",
      "Smallest lock that is registered; posix_memalign requests of at least this (and of at "
      "least 64K) get whole pages.",
      parse_min_bytes},
-    {OPT_FLAGS, "PINSHIM_FLAGS", "flags", "LIST",
+    {OPT_FLAGS, "PINSHIM_FLAGS", "flags", "LIST", NULL, false,
      "comma list of default, portable, mapped, readonly", "default",
      "cudaHostRegister flags (default is 0: mapped and portable on 64-bit systems).", parse_flags},
-    {OPT_CUDART, "PINSHIM_CUDART", "cudart", "LIB", "path or soname of a CUDA runtime", "search",
+    {OPT_CUDART, "PINSHIM_CUDART", "cudart", "LIB", NULL, true, "path or soname of a CUDA runtime",
+     "search",
      "Runtime to load; the default uses a libcudart already loaded, else libcudart.so.13, "
      ".12, .11, libcudart.so.",
      parse_cudart},
-    {OPT_STATS, "PINSHIM_STATS", "stats", "FILE",
+    {OPT_STATS, "PINSHIM_STATS", "stats", "FILE", NULL, true,
      "0, 1 or stderr, or a file path where %p is the pid, %h the host name, %% a percent "
      "sign",
-     "0", "Statistics at exit: a text summary on stderr, or a JSON document written to a file.",
+     "0",
+     "Statistics at exit, from processes that locked memory or got a warning: a text summary "
+     "on stderr, or a JSON document written to a file.",
      parse_stats},
-    {OPT_LOG, "PINSHIM_LOG", "log", "LEVEL", "quiet, warn, info, debug", "warn",
+    {OPT_STATS_ALL, "PINSHIM_STATS_ALL", "stats-all", NULL, "1", false,
+     "1/true/yes/on, 0/false/no/off", "off",
+     "Statistics from every process the shim was loaded in, also those that locked nothing and "
+     "got no warning (was the shim loaded at all?).",
+     parse_stats_all},
+    {OPT_LOG, "PINSHIM_LOG", "log", "LEVEL", NULL, false, "quiet, warn, info, debug", "warn",
      "What is logged on stderr; info logs every registration with its size and time.", parse_log},
-    {OPT_BLOCK_SIZE, "PINSHIM_BLOCK_SIZE", "block-size", "SOURCE", "auto, allocator", "auto",
+    {OPT_BLOCK_SIZE, "PINSHIM_BLOCK_SIZE", "block-size", "SOURCE", NULL, false, "auto, allocator",
+     "auto",
      "How free learns a block's size while ranges are registered: auto reads glibc's chunk "
      "header when checks at the first lock show it is safe, allocator always calls "
      "malloc_usable_size.",
@@ -242,7 +272,13 @@ void config_set_defaults(struct pinshim_config *cfg)
     cfg->log_level = LOG_WARN;
 }
 
-int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context)
+bool config_secure_execution(void)
+{
+    return getauxval(AT_SECURE) != 0;
+}
+
+int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context,
+                bool secure_execution)
 {
     config_set_defaults(cfg);
     /* The log level comes first so that PINSHIM_LOG=quiet silences the warnings
@@ -254,11 +290,27 @@ int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *conte
                       ? level_only.log_level
                       : LOG_WARN);
     int bad = 0;
+    /* The options that name files, set but ignored: "A, B" and "A=default, B=default". */
+    char ignored_names[256] = "";
+    char ignored_defaults[256] = "";
     for (int i = 0; i < OPT_COUNT; i++) {
         const struct option_spec *spec = &option_table[i];
         const char *value = lookup(spec->env_name, context);
         if (value == NULL)
             continue;
+        if (secure_execution && spec->names_file) {
+            /* An empty value means the default anyway: nothing is ignored. */
+            if (value[0] != '\0') {
+                bool first = ignored_names[0] == '\0';
+                append_text(ignored_names, sizeof(ignored_names), first ? "" : ", ");
+                append_text(ignored_names, sizeof(ignored_names), spec->env_name);
+                append_text(ignored_defaults, sizeof(ignored_defaults), first ? "" : ", ");
+                append_text(ignored_defaults, sizeof(ignored_defaults), spec->env_name);
+                append_text(ignored_defaults, sizeof(ignored_defaults), "=");
+                append_text(ignored_defaults, sizeof(ignored_defaults), spec->default_text);
+            }
+            continue;
+        }
         char why[96] = "";
         if (!spec->parse(value, cfg, why, sizeof(why))) {
             bad++;
@@ -266,6 +318,11 @@ int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *conte
                         spec->env_name, value, why, spec->accepted, spec->default_text);
         }
     }
+    if (ignored_names[0] != '\0')
+        log_message(LOG_WARN,
+                    "secure-execution mode (setuid, setgid or file capabilities): ignoring %s, "
+                    "which name files or libraries; using %s",
+                    ignored_names, ignored_defaults);
     return bad;
 }
 
@@ -322,6 +379,9 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
                   : cfg->stats_mode == STATS_TEXT ? "stderr"
                                                   : cfg->stats_path);
         break;
+    case OPT_STATS_ALL:
+        copy_text(out, out_size, cfg->stats_all ? "on" : "off");
+        break;
     case OPT_LOG:
         copy_text(out, out_size, log_level_names[cfg->log_level]);
         break;
@@ -333,6 +393,10 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
         break;
     }
 }
+
+/* Said of every option marked names_file, in --help and the README's table. */
+static const char names_file_note[] =
+    " Ignored in secure-execution mode (setuid, setgid, file capabilities).";
 
 static void write_all(int fd, const char *text)
 {
@@ -376,6 +440,8 @@ void options_write_markdown(int fd)
         write_all(fd, spec->default_text);
         write_all(fd, "` | ");
         write_cell(fd, spec->help);
+        if (spec->names_file)
+            write_cell(fd, names_file_note);
         write_all(fd, " |\n");
     }
 }
@@ -392,8 +458,9 @@ void options_write_help(int fd)
             snprintf(option, sizeof(option), "--%s %s", spec->cli_name, spec->cli_argument);
         else
             snprintf(option, sizeof(option), "--%s", spec->cli_name);
-        snprintf(line, sizeof(line), "  %-22s %s\n  %-22s   env %s; values: %s; default %s\n",
-                 option, spec->help, "", spec->env_name, spec->accepted, spec->default_text);
+        snprintf(line, sizeof(line), "  %-22s %s%s\n  %-22s   env %s; values: %s; default %s\n",
+                 option, spec->help, spec->names_file ? names_file_note : "", "", spec->env_name,
+                 spec->accepted, spec->default_text);
         write_all(fd, line);
     }
 }

@@ -215,7 +215,7 @@ static void initialize(void)
     long page = sysconf(_SC_PAGESIZE);
     if (page > 0)
         runtime_page_size = (uintptr_t)page;
-    config_load(&runtime_config, lookup_environment, NULL);
+    config_load(&runtime_config, lookup_environment, NULL, config_secure_execution());
     log_set_level(runtime_config.log_level);
     if (!engine_init(&runtime_engine, &cuda_backend, runtime_config.min_bytes, runtime_page_size))
         log_warn("cannot map memory for the range registry; registration is off");
