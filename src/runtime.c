@@ -333,6 +333,9 @@ static void write_stats(void)
         return;
     struct stats_report report;
     fill_report(&report);
+    report.warnings = log_warning_count();
+    if (!stats_worth_writing(&report, &runtime_config))
+        return;
     if (runtime_config.stats_mode == STATS_TEXT) {
         write_summary(&report);
         return;
