@@ -1,6 +1,6 @@
 /* The pinshim command: runs a program with libpinshim.so preloaded.
  *   pinshim [options] [--] COMMAND [ARGS...]
- *   pinshim report [--json] FILES...
+ *   pinshim report [--all] [--json] FILES...
  * Options map one-to-one to the PINSHIM_* variables and are checked by the same
  * parser as the environment (options.c). */
 #include "options.h"
