@@ -222,44 +222,80 @@ static bool parse_block_size(const char *value, struct pinshim_config *cfg, char
 }
 
 const struct option_spec option_table[OPT_COUNT] = {
-    {OPT_REGISTER, "PINSHIM_REGISTER", "no-register", NULL, "0", false,
-     "1/true/yes/on, 0/false/no/off", "on",
-     "Whether locked ranges are registered with CUDA; off (--no-register) keeps mlock only and "
-     "never loads CUDA.",
-     parse_register},
-    {OPT_MIN_BYTES, "PINSHIM_MIN_BYTES", "min-bytes", "SIZE", NULL, false,
-     "bytes, or with a K/M/G suffix (powers of 1024)", "64K",
-     "Smallest lock that is registered; posix_memalign requests of at least this (and of at "
-     "least 64K) get whole pages.",
-     parse_min_bytes},
-    {OPT_FLAGS, "PINSHIM_FLAGS", "flags", "LIST", NULL, false,
-     "comma list of default, portable, mapped, readonly", "default",
-     "cudaHostRegister flags (default is 0: mapped and portable on 64-bit systems).", parse_flags},
-    {OPT_CUDART, "PINSHIM_CUDART", "cudart", "LIB", NULL, true, "path or soname of a CUDA runtime",
-     "search",
-     "Runtime to load; the default uses a libcudart already loaded, else libcudart.so.13, "
-     ".12, .11, libcudart.so.",
-     parse_cudart},
-    {OPT_STATS, "PINSHIM_STATS", "stats", "FILE", NULL, true,
-     "0, 1 or stderr, or a file path where %p is the pid, %h the host name, %% a percent "
-     "sign",
-     "0",
-     "Statistics at exit, from processes that locked memory or got a warning: a text summary "
-     "on stderr, or a JSON document written to a file.",
-     parse_stats},
-    {OPT_STATS_ALL, "PINSHIM_STATS_ALL", "stats-all", NULL, "1", false,
-     "1/true/yes/on, 0/false/no/off", "off",
-     "Statistics from every process the shim was loaded in, also those that locked nothing and "
-     "got no warning (was the shim loaded at all?).",
-     parse_stats_all},
-    {OPT_LOG, "PINSHIM_LOG", "log", "LEVEL", NULL, false, "quiet, warn, info, debug", "warn",
-     "What is logged on stderr; info logs every registration with its size and time.", parse_log},
-    {OPT_BLOCK_SIZE, "PINSHIM_BLOCK_SIZE", "block-size", "SOURCE", NULL, false, "auto, allocator",
-     "auto",
-     "How free learns a block's size while ranges are registered: auto reads glibc's chunk "
-     "header when checks at the first lock show it is safe, allocator always calls "
-     "malloc_usable_size.",
-     parse_block_size},
+    {.id = OPT_REGISTER,
+     .env_name = "PINSHIM_REGISTER",
+     .cli_name = "no-register",
+     .flag_value = "0",
+     .accepted = "1/true/yes/on, 0/false/no/off",
+     .default_text = "on",
+     .help = "Whether locked ranges are registered with CUDA; off (--no-register) keeps mlock "
+             "only and never loads CUDA.",
+     .parse = parse_register},
+    {.id = OPT_MIN_BYTES,
+     .env_name = "PINSHIM_MIN_BYTES",
+     .cli_name = "min-bytes",
+     .cli_argument = "SIZE",
+     .accepted = "bytes, or with a K/M/G suffix (powers of 1024)",
+     .default_text = "64K",
+     .help = "Smallest lock that is registered; posix_memalign requests of at least this (and "
+             "of at least 64K) get whole pages.",
+     .parse = parse_min_bytes},
+    {.id = OPT_FLAGS,
+     .env_name = "PINSHIM_FLAGS",
+     .cli_name = "flags",
+     .cli_argument = "LIST",
+     .accepted = "comma list of default, portable, mapped, readonly",
+     .default_text = "default",
+     .help = "cudaHostRegister flags (default is 0: mapped and portable on 64-bit systems).",
+     .parse = parse_flags},
+    {.id = OPT_CUDART,
+     .names_file = true,
+     .env_name = "PINSHIM_CUDART",
+     .cli_name = "cudart",
+     .cli_argument = "LIB",
+     .accepted = "path or soname of a CUDA runtime",
+     .default_text = "search",
+     .help = "Runtime to load; the default uses a libcudart already loaded, else "
+             "libcudart.so.13, .12, .11, libcudart.so.",
+     .parse = parse_cudart},
+    {.id = OPT_STATS,
+     .names_file = true,
+     .env_name = "PINSHIM_STATS",
+     .cli_name = "stats",
+     .cli_argument = "FILE",
+     .accepted = "0, 1 or stderr, or a file path where %p is the pid, %h the host name, %% a "
+                 "percent sign",
+     .default_text = "0",
+     .help = "Statistics at exit, from processes that locked memory or got a warning: a text "
+             "summary on stderr, or a JSON document written to a file.",
+     .parse = parse_stats},
+    {.id = OPT_STATS_ALL,
+     .env_name = "PINSHIM_STATS_ALL",
+     .cli_name = "stats-all",
+     .flag_value = "1",
+     .accepted = "1/true/yes/on, 0/false/no/off",
+     .default_text = "off",
+     .help = "Statistics from every process the shim was loaded in, also those that locked "
+             "nothing and got no warning (was the shim loaded at all?).",
+     .parse = parse_stats_all},
+    {.id = OPT_LOG,
+     .env_name = "PINSHIM_LOG",
+     .cli_name = "log",
+     .cli_argument = "LEVEL",
+     .accepted = "quiet, warn, info, debug",
+     .default_text = "warn",
+     .help = "What is logged on stderr; info logs every registration with its size and time.",
+     .parse = parse_log},
+    {.id = OPT_BLOCK_SIZE,
+     .env_name = "PINSHIM_BLOCK_SIZE",
+     .cli_name = "block-size",
+     .cli_argument = "SOURCE",
+     .accepted = "auto, allocator",
+     .default_text = "auto",
+     .help = "How free learns a block's size while ranges are registered: auto reads glibc's "
+             "chunk header when checks at the first lock show it is safe, allocator always "
+             "calls malloc_usable_size.",
+     .parse = parse_block_size},
 };
 
 void config_set_defaults(struct pinshim_config *cfg)

@@ -39,15 +39,15 @@ enum option_id {
 
 struct option_spec {
     enum option_id id;
-    const char *env_name;     /* PINSHIM_... */
-    const char *cli_name;     /* long option of the pinshim command, without "--" */
-    const char *cli_argument; /* placeholder of its argument, NULL for a flag */
-    const char *flag_value;   /* for a flag: the value it sets */
     /* The value names a file or a library the shim would open, load or write.
      * Such options are ignored in secure-execution mode (setuid, setgid, file
      * capabilities), as secure_getenv(3) would: set it on every new option that
      * names a file, and config_load applies the rule. */
     bool names_file;
+    const char *env_name;     /* PINSHIM_... */
+    const char *cli_name;     /* long option of the pinshim command, without "--" */
+    const char *cli_argument; /* placeholder of its argument, NULL for a flag */
+    const char *flag_value;   /* for a flag: the value it sets */
     const char *accepted;     /* what values are accepted, for messages and docs */
     const char *default_text; /* the default, as a user would write it */
     const char *help;         /* one sentence */
