@@ -177,6 +177,18 @@ class Text(ReportCase):
                          ["2", "1", "6", "5", "3", "4"])
         self.assertIn("(--all: every one is listed)", result.stdout)
 
+    def test_warnings_alone_are_counted_not_listed(self):
+        write_json(os.path.join(self.directory, "a.json"), stats_document(1))
+        warned = idle_document(2)
+        warned["warnings"] = 2
+        write_json(os.path.join(self.directory, "b.json"), warned)
+        result = run_report(self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        totals = totals_block(result.stdout)
+        self.assertEqual(totals["warnings"], "2")
+        self.assertIn("1 did something", totals["processes"])
+        self.assertEqual([row[1] for row in table_rows(result.stdout)], ["1"])
+
     def test_nothing_done_says_so(self):
         write_json(os.path.join(self.directory, "a.json"), idle_document(3))
         result = run_report(self.directory)
