@@ -98,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     struct pinshim_config cfg;
-    config_load(&cfg, lookup, &values);
+    config_load(&cfg, lookup, &values, false);
 
     static const enum option_id round_trip[] = {OPT_REGISTER, OPT_MIN_BYTES, OPT_FLAGS, OPT_STATS,
                                                 OPT_LOG};

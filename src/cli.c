@@ -1,6 +1,6 @@
 /* The pinshim command: runs a program with libpinshim.so preloaded.
  *   pinshim [options] [--] COMMAND [ARGS...]
- *   pinshim report [--json] FILES...
+ *   pinshim report [--all] [--json] FILES...
  * Options map one-to-one to the PINSHIM_* variables and are checked by the same
  * parser as the environment (options.c). */
 #include "options.h"
@@ -29,8 +29,9 @@
 
 static const char usage_line[] =
     "usage: pinshim [--no-register] [--min-bytes SIZE] [--flags LIST] [--cudart LIB]\n"
-    "               [--stats[=FILE]] [--log LEVEL] [--print-env] [--] COMMAND [ARGS...]\n"
-    "       pinshim report [--json] FILES...\n"
+    "               [--stats[=FILE]] [--stats-all] [--log LEVEL] [--block-size SOURCE]\n"
+    "               [--print-env] [--] COMMAND [ARGS...]\n"
+    "       pinshim report [--all] [--json] FILES...\n"
     "       pinshim --help | --version\n";
 
 static void print_help(void)
@@ -46,7 +47,8 @@ static void print_help(void)
     fputs("  --print-env            print the variables that would be set, run nothing\n"
           "  --help, --version      this text; the version\n\n"
           "Subcommands:\n"
-          "  report [--json] FILES  merge per-process JSON stats (PINSHIM_STATS=dir/%h.%p.json)\n",
+          "  report [--all] [--json] FILES\n"
+          "                         merge per-process JSON stats (PINSHIM_STATS=dir/%h.%p.json)\n",
           stdout);
 }
 
@@ -253,10 +255,11 @@ int main(int argc, char **argv)
         if (spec == NULL)
             return usage_error("unknown option %s%s", argument, "");
         const char *value;
-        if (spec->id == OPT_REGISTER) {
+        if (spec->cli_argument == NULL) {
+            /* A flag: --no-register, --stats-all. */
             if (equals)
-                return usage_error("%s takes no value%s", "--no-register", "");
-            value = "0";
+                return usage_error("--%s takes no value%s", spec->cli_name, "");
+            value = spec->flag_value;
         } else if (spec->id == OPT_STATS) {
             /* --stats alone means a summary on stderr; a file needs '=' so the
              * command that follows is never taken for one. */

@@ -19,7 +19,8 @@ struct engine_waiting {
 struct engine_piece {
     uintptr_t start, end, lock_start, lock_end;
     struct range_place place;
-    uint8_t state; /* RANGE_REGISTERED, RANGE_QUEUED or RANGE_PENDING before the release */
+    uint8_t state; /* RANGE_REGISTERED, QUEUED, PENDING or PROGRAM before the release */
+    uint8_t had_shim_registration;
     struct engine_piece *next;
 };
 
@@ -536,6 +537,7 @@ static void ticket_add_locked(struct engine *engine, struct engine_ticket *ticke
     piece->lock_end = record->lock_end;
     piece->place = record->place;
     piece->state = state;
+    piece->had_shim_registration = record->had_shim_registration;
     piece->next = ticket->head;
     ticket->head = piece;
 }
@@ -675,8 +677,7 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
             engine->dropped_pending++;
         else if (request->reason != RELEASE_EXIT && state == RANGE_QUEUED)
             engine->cancelled_queued++;
-        if (state != RANGE_PROGRAM)
-            ticket_add_locked(engine, request->ticket, part, start, end, state);
+        ticket_add_locked(engine, request->ticket, part, start, end, state);
         remove_record_locked(engine, start);
         return;
     }
@@ -757,6 +758,20 @@ static void restore_locked(struct engine_op *op, struct engine_ticket *ticket,
         if (only_mapped && engine->backend->is_mapped != NULL &&
             !engine->backend->is_mapped(engine->backend->context, start, end))
             continue;
+        if (piece->state == RANGE_PROGRAM) {
+            /* The call failed: the memory, and the program's registration of
+             * it, are still there. */
+            struct range_record record = {.base = start,
+                                          .end = end,
+                                          .lock_start = piece->lock_start,
+                                          .lock_end = piece->lock_end,
+                                          .place = piece->place,
+                                          .state = RANGE_PROGRAM,
+                                          .had_shim_registration =
+                                              piece->had_shim_registration};
+            insert_record_locked(engine, &record);
+            continue;
+        }
         enum engine_choice choice =
             piece->state == RANGE_PENDING ? ENGINE_PLACE_DEFER : ENGINE_PLACE_READY;
         add_range_locked(op, start, end, piece->lock_start, piece->lock_end, choice,

@@ -10,6 +10,10 @@
 
 static int log_level_current = LOG_WARN;
 static int log_fd = STDERR_FILENO;
+/* The count belongs to the process that raised the warnings: a fork child
+ * sees another pid and starts again from zero. */
+static uint64_t warning_count;
+static int warning_pid;
 
 void log_set_level(enum log_level level)
 {
@@ -32,8 +36,27 @@ bool log_enabled(enum log_level level)
            (int)level <= __atomic_load_n(&log_level_current, __ATOMIC_RELAXED);
 }
 
+static void count_warning(void)
+{
+    int pid = (int)getpid();
+    if (__atomic_load_n(&warning_pid, __ATOMIC_RELAXED) != pid) {
+        __atomic_store_n(&warning_count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&warning_pid, pid, __ATOMIC_RELAXED);
+    }
+    __atomic_add_fetch(&warning_count, 1, __ATOMIC_RELAXED);
+}
+
+uint64_t log_warning_count(void)
+{
+    if (__atomic_load_n(&warning_pid, __ATOMIC_RELAXED) != (int)getpid())
+        return 0;
+    return __atomic_load_n(&warning_count, __ATOMIC_RELAXED);
+}
+
 void log_message(enum log_level level, const char *format, ...)
 {
+    if (level == LOG_WARN)
+        count_warning(); /* getpid cannot fail: errno is untouched */
     if (!log_enabled(level))
         return;
     int saved_errno = errno;

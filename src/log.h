@@ -5,6 +5,7 @@
 #define PINSHIM_LOG_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 enum log_level { LOG_QUIET = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
 
@@ -16,6 +17,11 @@ bool log_enabled(enum log_level level);
 
 void log_message(enum log_level level, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* Warnings this process raised (log_message at LOG_WARN), printed or not:
+ * PINSHIM_LOG=quiet hides them from stderr, not from the count. A fork child
+ * starts from zero, as its other counters do. */
+uint64_t log_warning_count(void);
 
 #define log_warn(...) log_message(LOG_WARN, __VA_ARGS__)
 #define log_info(...)                                                                              \

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 /* Register flag names in the order of their bit values (cudaHostRegister*). */
@@ -29,23 +30,42 @@ static void copy_text(char *out, size_t out_size, const char *text)
     out[n] = '\0';
 }
 
-static bool parse_register(const char *value, struct pinshim_config *cfg, char *why,
-                           size_t why_size)
+static bool parse_boolean(const char *value, bool *out, char *why, size_t why_size)
 {
     static const char *const truthy[] = {"1", "true", "yes", "on"};
     static const char *const falsy[] = {"0", "false", "no", "off"};
     for (size_t i = 0; i < 4; i++) {
         if (strcasecmp(value, truthy[i]) == 0) {
-            cfg->register_enabled = true;
+            *out = true;
             return true;
         }
         if (strcasecmp(value, falsy[i]) == 0) {
-            cfg->register_enabled = false;
+            *out = false;
             return true;
         }
     }
     copy_text(why, why_size, "not a boolean");
     return false;
+}
+
+/* Appends text to out (NUL-terminated), cutting it short if it does not fit. */
+static void append_text(char *out, size_t out_size, const char *text)
+{
+    size_t used = strlen(out);
+    if (used < out_size)
+        copy_text(out + used, out_size - used, text);
+}
+
+static bool parse_register(const char *value, struct pinshim_config *cfg, char *why,
+                           size_t why_size)
+{
+    return parse_boolean(value, &cfg->register_enabled, why, why_size);
+}
+
+static bool parse_stats_all(const char *value, struct pinshim_config *cfg, char *why,
+                            size_t why_size)
+{
+    return parse_boolean(value, &cfg->stats_all, why, why_size);
 }
 
 bool parse_byte_size(const char *text, uint64_t *out)
@@ -303,66 +323,146 @@ static bool parse_fork_warn(const char *value, struct pinshim_config *cfg, char 
 }
 
 const struct option_spec option_table[OPT_COUNT] = {
-    {OPT_REGISTER, "PINSHIM_REGISTER", "no-register", NULL, "1/true/yes/on, 0/false/no/off", "on",
-     "Whether locked ranges are registered with CUDA; off (--no-register) keeps mlock only and "
-     "never loads CUDA.",
-     parse_register},
-    {OPT_MIN_BYTES, "PINSHIM_MIN_BYTES", "min-bytes", "SIZE",
-     "bytes, or with a K/M/G suffix (powers of 1024)", "64K",
-     "Smallest lock that is registered; posix_memalign requests of at least this (and of at "
-     "least 64K) get whole pages.",
-     parse_min_bytes},
-    {OPT_FLAGS, "PINSHIM_FLAGS", "flags", "LIST",
-     "comma list of default, portable, mapped, readonly", "default",
-     "cudaHostRegister flags (default is 0: mapped and portable on 64-bit systems).", parse_flags},
-    {OPT_CUDART, "PINSHIM_CUDART", "cudart", "LIB", "path or soname of a CUDA runtime", "search",
-     "Runtime to load; the default uses a libcudart already loaded, else libcudart.so.13, "
-     ".12, .11, libcudart.so.",
-     parse_cudart},
-    {OPT_STATS, "PINSHIM_STATS", "stats", "FILE",
-     "0, 1 or stderr, or a file path where %p is the pid, %h the host name, %% a percent "
-     "sign",
-     "0", "Statistics at exit: a text summary on stderr, or a JSON document written to a file.",
-     parse_stats},
-    {OPT_LOG, "PINSHIM_LOG", "log", "LEVEL", "quiet, warn, info, debug", "warn",
-     "What is logged on stderr; info logs every registration with its size and time.", parse_log},
-    {OPT_BLOCK_SIZE, "PINSHIM_BLOCK_SIZE", "block-size", "SOURCE", "auto, allocator", "auto",
-     "How free learns a block's size while ranges are registered: auto reads glibc's chunk "
-     "header when checks at the first lock show it is safe, allocator always calls "
-     "malloc_usable_size.",
-     parse_block_size},
-    {OPT_CONTEXT, "PINSHIM_CONTEXT", "context", "MODE", "program, create", "program",
-     "Where registrations go: program registers into the CUDA context the program already "
-     "uses and waits (deferred) while it has none, never creating one; create calls the CUDA "
-     "runtime at once from the locking thread, creating a context if need be.",
-     parse_context},
-    {OPT_DEVICE, "PINSHIM_DEVICE", "device", "N", "a device ordinal, or thread", "thread",
-     "With PINSHIM_CONTEXT=create, the device registrations are made on; thread uses the "
-     "locking thread's current device.",
-     parse_device},
-    {OPT_ASYNC, "PINSHIM_ASYNC", "async", "BOOL", "1/true/yes/on, 0/false/no/off", "on",
-     "Whether lock calls return once the kernel has locked the pages while a shim thread "
-     "registers them; off registers inside the lock call.",
-     parse_async},
-    {OPT_MAX_REGISTRATION, "PINSHIM_MAX_REGISTRATION", "max-registration", "SIZE",
-     "bytes, or with a K/M/G suffix (powers of 1024), at least 4K", "64G",
-     "Largest single cudaHostRegister; larger locked ranges are registered in chunks of this "
-     "size (drivers of the R580 series refuse 512 GiB and more in one call).",
-     parse_max_registration},
-    {OPT_ONFAULT, "PINSHIM_ONFAULT", "onfault", "RULE", "resident, skip, all", "resident",
-     "What mlock2(MLOCK_ONFAULT) registers: the pages resident when it returns, nothing, or "
-     "the whole range (which faults it all in).",
-     parse_onfault},
-    {OPT_FORK, "PINSHIM_FORK", "fork", "MODE", "copy, dontfork", "copy",
-     "What a fork child gets of registered memory: copy keeps Linux's default (since 5.9 the "
-     "kernel copies DMA-pinned pages into the child at fork); dontfork marks registrations "
-     "MADV_DONTFORK, so children do not get those pages at all.",
-     parse_fork},
-    {OPT_FORK_WARN, "PINSHIM_FORK_WARN", "fork-warn", "SIZE",
-     "bytes, or with a K/M/G suffix (powers of 1024); 0 never warns", "1G",
-     "With PINSHIM_FORK=copy, warn once when a fork happens while at least this much memory "
-     "is registered (the kernel copies it into the child).",
-     parse_fork_warn},
+    {.id = OPT_REGISTER,
+     .env_name = "PINSHIM_REGISTER",
+     .cli_name = "no-register",
+     .flag_value = "0",
+     .accepted = "1/true/yes/on, 0/false/no/off",
+     .default_text = "on",
+     .help = "Whether locked ranges are registered with CUDA; off (--no-register) keeps mlock "
+             "only and never loads CUDA.",
+     .parse = parse_register},
+    {.id = OPT_MIN_BYTES,
+     .env_name = "PINSHIM_MIN_BYTES",
+     .cli_name = "min-bytes",
+     .cli_argument = "SIZE",
+     .accepted = "bytes, or with a K/M/G suffix (powers of 1024)",
+     .default_text = "64K",
+     .help = "Smallest lock that is registered; posix_memalign requests of at least this (and "
+             "of at least 64K) get whole pages.",
+     .parse = parse_min_bytes},
+    {.id = OPT_FLAGS,
+     .env_name = "PINSHIM_FLAGS",
+     .cli_name = "flags",
+     .cli_argument = "LIST",
+     .accepted = "comma list of default, portable, mapped, readonly",
+     .default_text = "default",
+     .help = "cudaHostRegister flags (default is 0: mapped and portable on 64-bit systems).",
+     .parse = parse_flags},
+    {.id = OPT_CUDART,
+     .names_file = true,
+     .env_name = "PINSHIM_CUDART",
+     .cli_name = "cudart",
+     .cli_argument = "LIB",
+     .accepted = "path or soname of a CUDA runtime",
+     .default_text = "search",
+     .help = "Runtime to load; the default uses a libcudart already loaded, else "
+             "libcudart.so.13, .12, .11, libcudart.so.",
+     .parse = parse_cudart},
+    {.id = OPT_STATS,
+     .names_file = true,
+     .env_name = "PINSHIM_STATS",
+     .cli_name = "stats",
+     .cli_argument = "FILE",
+     .accepted = "0, 1 or stderr, or a file path where %p is the pid, %h the host name, %% a "
+                 "percent sign",
+     .default_text = "0",
+     .help = "Statistics at exit, from processes that locked memory or got a warning: a text "
+             "summary on stderr, or a JSON document written to a file.",
+     .parse = parse_stats},
+    {.id = OPT_STATS_ALL,
+     .env_name = "PINSHIM_STATS_ALL",
+     .cli_name = "stats-all",
+     .flag_value = "1",
+     .accepted = "1/true/yes/on, 0/false/no/off",
+     .default_text = "off",
+     .help = "Statistics from every process the shim was loaded in, also those that locked "
+             "nothing and got no warning (was the shim loaded at all?).",
+     .parse = parse_stats_all},
+    {.id = OPT_LOG,
+     .env_name = "PINSHIM_LOG",
+     .cli_name = "log",
+     .cli_argument = "LEVEL",
+     .accepted = "quiet, warn, info, debug",
+     .default_text = "warn",
+     .help = "What is logged on stderr; info logs every registration with its size and time.",
+     .parse = parse_log},
+    {.id = OPT_BLOCK_SIZE,
+     .env_name = "PINSHIM_BLOCK_SIZE",
+     .cli_name = "block-size",
+     .cli_argument = "SOURCE",
+     .accepted = "auto, allocator",
+     .default_text = "auto",
+     .help = "How free learns a block's size while ranges are registered: auto reads glibc's "
+             "chunk header when checks at the first lock show it is safe, allocator always "
+             "calls malloc_usable_size.",
+     .parse = parse_block_size},
+    {.id = OPT_CONTEXT,
+     .env_name = "PINSHIM_CONTEXT",
+     .cli_name = "context",
+     .cli_argument = "MODE",
+     .accepted = "program, create",
+     .default_text = "program",
+     .help = "Where registrations go: program registers into the CUDA context the program "
+             "already uses and waits (deferred) while it has none, never creating one; create "
+             "calls the CUDA runtime at once from the locking thread, creating a context if "
+             "need be.",
+     .parse = parse_context},
+    {.id = OPT_DEVICE,
+     .env_name = "PINSHIM_DEVICE",
+     .cli_name = "device",
+     .cli_argument = "N",
+     .accepted = "a device ordinal, or thread",
+     .default_text = "thread",
+     .help = "With PINSHIM_CONTEXT=create, the device registrations are made on; thread uses "
+             "the locking thread's current device.",
+     .parse = parse_device},
+    {.id = OPT_ASYNC,
+     .env_name = "PINSHIM_ASYNC",
+     .cli_name = "async",
+     .cli_argument = "BOOL",
+     .accepted = "1/true/yes/on, 0/false/no/off",
+     .default_text = "on",
+     .help = "Whether lock calls return once the kernel has locked the pages while a shim "
+             "thread registers them; off registers inside the lock call.",
+     .parse = parse_async},
+    {.id = OPT_MAX_REGISTRATION,
+     .env_name = "PINSHIM_MAX_REGISTRATION",
+     .cli_name = "max-registration",
+     .cli_argument = "SIZE",
+     .accepted = "bytes, or with a K/M/G suffix (powers of 1024), at least 4K",
+     .default_text = "64G",
+     .help = "Largest single cudaHostRegister; larger locked ranges are registered in chunks "
+             "of this size (drivers of the R580 series refuse 512 GiB and more in one call).",
+     .parse = parse_max_registration},
+    {.id = OPT_ONFAULT,
+     .env_name = "PINSHIM_ONFAULT",
+     .cli_name = "onfault",
+     .cli_argument = "RULE",
+     .accepted = "resident, skip, all",
+     .default_text = "resident",
+     .help = "What mlock2(MLOCK_ONFAULT) registers: the pages resident when it returns, "
+             "nothing, or the whole range (which faults it all in).",
+     .parse = parse_onfault},
+    {.id = OPT_FORK,
+     .env_name = "PINSHIM_FORK",
+     .cli_name = "fork",
+     .cli_argument = "MODE",
+     .accepted = "copy, dontfork",
+     .default_text = "copy",
+     .help = "What a fork child gets of registered memory: copy keeps Linux's default (since "
+             "5.9 the kernel copies DMA-pinned pages into the child at fork); dontfork marks "
+             "registrations MADV_DONTFORK, so children do not get those pages at all.",
+     .parse = parse_fork},
+    {.id = OPT_FORK_WARN,
+     .env_name = "PINSHIM_FORK_WARN",
+     .cli_name = "fork-warn",
+     .cli_argument = "SIZE",
+     .accepted = "bytes, or with a K/M/G suffix (powers of 1024); 0 never warns",
+     .default_text = "1G",
+     .help = "With PINSHIM_FORK=copy, warn once when a fork happens while at least this much "
+             "memory is registered (the kernel copies it into the child).",
+     .parse = parse_fork_warn},
 };
 
 void config_set_defaults(struct pinshim_config *cfg)
@@ -382,7 +482,13 @@ void config_set_defaults(struct pinshim_config *cfg)
     cfg->fork_warn_bytes = (uint64_t)1 << 30;
 }
 
-int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context)
+bool config_secure_execution(void)
+{
+    return getauxval(AT_SECURE) != 0;
+}
+
+int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context,
+                bool secure_execution)
 {
     config_set_defaults(cfg);
     /* The log level comes first so that PINSHIM_LOG=quiet silences the warnings
@@ -394,11 +500,27 @@ int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *conte
                       ? level_only.log_level
                       : LOG_WARN);
     int bad = 0;
+    /* The options that name files, set but ignored: "A, B" and "A=default, B=default". */
+    char ignored_names[256] = "";
+    char ignored_defaults[256] = "";
     for (int i = 0; i < OPT_COUNT; i++) {
         const struct option_spec *spec = &option_table[i];
         const char *value = lookup(spec->env_name, context);
         if (value == NULL)
             continue;
+        if (secure_execution && spec->names_file) {
+            /* An empty value means the default anyway: nothing is ignored. */
+            if (value[0] != '\0') {
+                bool first = ignored_names[0] == '\0';
+                append_text(ignored_names, sizeof(ignored_names), first ? "" : ", ");
+                append_text(ignored_names, sizeof(ignored_names), spec->env_name);
+                append_text(ignored_defaults, sizeof(ignored_defaults), first ? "" : ", ");
+                append_text(ignored_defaults, sizeof(ignored_defaults), spec->env_name);
+                append_text(ignored_defaults, sizeof(ignored_defaults), "=");
+                append_text(ignored_defaults, sizeof(ignored_defaults), spec->default_text);
+            }
+            continue;
+        }
         char why[96] = "";
         if (!spec->parse(value, cfg, why, sizeof(why))) {
             bad++;
@@ -406,6 +528,11 @@ int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *conte
                         spec->env_name, value, why, spec->accepted, spec->default_text);
         }
     }
+    if (ignored_names[0] != '\0')
+        log_message(LOG_WARN,
+                    "secure-execution mode (setuid, setgid or file capabilities): ignoring %s, "
+                    "which name files or libraries; using %s",
+                    ignored_names, ignored_defaults);
     return bad;
 }
 
@@ -462,6 +589,9 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
                   : cfg->stats_mode == STATS_TEXT ? "stderr"
                                                   : cfg->stats_path);
         break;
+    case OPT_STATS_ALL:
+        copy_text(out, out_size, cfg->stats_all ? "on" : "off");
+        break;
     case OPT_LOG:
         copy_text(out, out_size, log_level_names[cfg->log_level]);
         break;
@@ -497,6 +627,10 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
         break;
     }
 }
+
+/* Said of every option marked names_file, in --help and the README's table. */
+static const char names_file_note[] =
+    " Ignored in secure-execution mode (setuid, setgid, file capabilities).";
 
 static void write_all(int fd, const char *text)
 {
@@ -540,6 +674,8 @@ void options_write_markdown(int fd)
         write_all(fd, spec->default_text);
         write_all(fd, "` | ");
         write_cell(fd, spec->help);
+        if (spec->names_file)
+            write_cell(fd, names_file_note);
         write_all(fd, " |\n");
     }
 }
@@ -556,8 +692,9 @@ void options_write_help(int fd)
             snprintf(option, sizeof(option), "--%s %s", spec->cli_name, spec->cli_argument);
         else
             snprintf(option, sizeof(option), "--%s", spec->cli_name);
-        snprintf(line, sizeof(line), "  %-22s %s\n  %-22s   env %s; values: %s; default %s\n",
-                 option, spec->help, "", spec->env_name, spec->accepted, spec->default_text);
+        snprintf(line, sizeof(line), "  %-22s %s%s\n  %-22s   env %s; values: %s; default %s\n",
+                 option, spec->help, spec->names_file ? names_file_note : "", "", spec->env_name,
+                 spec->accepted, spec->default_text);
         write_all(fd, line);
     }
 }

@@ -25,6 +25,7 @@ struct pinshim_config {
     char cudart[CONFIG_PATH_MAX]; /* empty: search for the runtime */
     enum stats_mode stats_mode;
     char stats_path[CONFIG_PATH_MAX]; /* template with %p %h %%, for STATS_JSON */
+    bool stats_all; /* write stats for every process, not only those with something to say */
     enum log_level log_level;
     bool block_size_from_allocator; /* free always asks malloc_usable_size */
     enum context_mode context_mode;
@@ -42,6 +43,7 @@ enum option_id {
     OPT_FLAGS,
     OPT_CUDART,
     OPT_STATS,
+    OPT_STATS_ALL,
     OPT_LOG,
     OPT_BLOCK_SIZE,
     OPT_CONTEXT,
@@ -56,9 +58,15 @@ enum option_id {
 
 struct option_spec {
     enum option_id id;
+    /* The value names a file or a library the shim would open, load or write.
+     * Such options are ignored in secure-execution mode (setuid, setgid, file
+     * capabilities), as secure_getenv(3) would: set it on every new option that
+     * names a file, and config_load applies the rule. */
+    bool names_file;
     const char *env_name;     /* PINSHIM_... */
     const char *cli_name;     /* long option of the pinshim command, without "--" */
     const char *cli_argument; /* placeholder of its argument, NULL for a flag */
+    const char *flag_value;   /* for a flag: the value it sets */
     const char *accepted;     /* what values are accepted, for messages and docs */
     const char *default_text; /* the default, as a user would write it */
     const char *help;         /* one sentence */
@@ -75,8 +83,16 @@ typedef const char *(*config_lookup_fn)(const char *name, void *context);
 /* Reads every option through lookup (getenv for the shim) and sets the log
  * level from PINSHIM_LOG first. A bad value gets one
  * "pinshim: ..." warning naming the variable, the value, what is accepted and the
- * default used instead. Returns the number of bad values. */
-int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context);
+ * default used instead. With secure_execution, the options marked names_file
+ * keep their defaults whatever the environment says, and one warning names
+ * those that were set. Returns the number of bad values. */
+int config_load(struct pinshim_config *cfg, config_lookup_fn lookup, void *context,
+                bool secure_execution);
+
+/* Whether this process runs in secure-execution mode: getauxval(AT_SECURE),
+ * the test secure_getenv(3) makes (set-user-ID or set-group-ID program, file
+ * capabilities, or a security module that asks for it). */
+bool config_secure_execution(void);
 
 const struct option_spec *option_find_by_env(const char *env_name);
 const struct option_spec *option_find_by_cli(const char *cli_name);

@@ -479,7 +479,7 @@ static void initialize(void)
     long page = sysconf(_SC_PAGESIZE);
     if (page > 0)
         runtime_page_size = (uintptr_t)page;
-    config_load(&runtime_config, lookup_environment, NULL);
+    config_load(&runtime_config, lookup_environment, NULL, config_secure_execution());
     log_set_level(runtime_config.log_level);
     struct engine_options options = {
         .min_bytes = runtime_config.min_bytes,
@@ -635,6 +635,9 @@ static void write_stats(void)
         return;
     struct stats_report report;
     fill_report(&report);
+    report.warnings = log_warning_count();
+    if (!stats_worth_writing(&report, &runtime_config))
+        return;
     if (runtime_config.stats_mode == STATS_TEXT) {
         write_summary(&report);
         return;

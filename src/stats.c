@@ -7,6 +7,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 struct out_buffer {
@@ -224,7 +226,8 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_key_u64(&out, "bytes", report->live_bytes_at_exit, false);
     out_key_u64(&out, "peak_bytes", c->peak_bytes, true);
 
-    out_text(&out, "},\n \"errors\": {");
+    out_format(&out, "},\n \"warnings\": %llu", (unsigned long long)report->warnings);
+    out_text(&out, ",\n \"errors\": {");
     for (size_t i = 0; i < report->error_count; i++) {
         out_json_string(&out, report->errors[i].name);
         out_format(&out, ": %llu%s", (unsigned long long)report->errors[i].count,
@@ -382,30 +385,181 @@ bool stats_expand_path(const char *template_path, long pid, const char *host, ch
     return true;
 }
 
+bool stats_worth_writing(const struct stats_report *report, const struct pinshim_config *config)
+{
+    if (config->stats_mode == STATS_NONE)
+        return false;
+    if (config->stats_all)
+        return true;
+    return report->counters.lock_calls > 0 || report->counters.mlockall_calls > 0 ||
+           report->warnings > 0;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    /* splitmix64's finaliser */
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static void system_random_fill(void *context, unsigned char *out, size_t length)
+{
+    (void)context;
+    size_t got = 0;
+    while (got < length) {
+        ssize_t n = getrandom(out + got, length - got, GRND_NONBLOCK);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            break;
+        }
+        got += (size_t)n;
+    }
+    if (got == length)
+        return;
+    /* No getrandom: clocks, pid, a stack and a code address, and a counter.
+     * Guessable with effort; O_EXCL|O_NOFOLLOW still refuse whatever is
+     * planted at a guessed name, which then only costs another attempt. */
+    static uint64_t counter;
+    struct timespec realtime = {0}, monotonic = {0};
+    clock_gettime(CLOCK_REALTIME, &realtime);
+    clock_gettime(CLOCK_MONOTONIC, &monotonic);
+    uint64_t state = (uint64_t)realtime.tv_sec * 1000000000ULL + (uint64_t)realtime.tv_nsec;
+    state ^= mix64((uint64_t)monotonic.tv_nsec ^ ((uint64_t)getpid() << 32));
+    state ^= mix64((uint64_t)(uintptr_t)&state ^ (uint64_t)(uintptr_t)system_random_fill);
+    state ^= mix64(__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+    for (size_t i = 0; i < length; i++) {
+        if (i % 8 == 0)
+            state = mix64(state);
+        out[i] ^= (unsigned char)(state >> (8 * (i % 8)));
+    }
+}
+
+const struct stats_random stats_system_random = {.fill = system_random_fill, .context = NULL};
+
+/* The directory part of path ("." when it has none) and where its final name starts. */
+static bool split_path(const char *path, char *directory, size_t directory_size, const char **name)
+{
+    const char *slash = strrchr(path, '/');
+    size_t length = slash == NULL ? 1 : (slash == path ? 1 : (size_t)(slash - path));
+    if (length >= directory_size)
+        return false;
+    if (slash == NULL)
+        directory[0] = '.';
+    else
+        memcpy(directory, slash == path ? "/" : path, length);
+    directory[length] = '\0';
+    *name = slash == NULL ? path : slash + 1;
+    return true;
+}
+
+#define TEMPORARY_NAME_KEEP 200
+
+static bool temporary_leaf(const char *name, const unsigned char random[STATS_RANDOM_BYTES],
+                           char *out, size_t out_size)
+{
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    /* 12 bytes, 96 bits, as 16 characters of 6 bits. */
+    char letters[STATS_RANDOM_BYTES * 4 / 3 + 1];
+    for (size_t i = 0; i < STATS_RANDOM_BYTES / 3; i++) {
+        unsigned bits = (unsigned)random[3 * i] << 16 | (unsigned)random[3 * i + 1] << 8 |
+                        (unsigned)random[3 * i + 2];
+        for (size_t j = 0; j < 4; j++)
+            letters[4 * i + j] = alphabet[(bits >> (18 - 6 * j)) & 63];
+    }
+    letters[sizeof(letters) - 1] = '\0';
+    size_t keep = strlen(name);
+    if (keep > TEMPORARY_NAME_KEEP)
+        keep = TEMPORARY_NAME_KEEP;
+    int n = snprintf(out, out_size, ".%.*s.%s.tmp", (int)keep, name, letters);
+    return n > 0 && (size_t)n < out_size;
+}
+
+bool stats_temporary_name(const char *path, const unsigned char random[STATS_RANDOM_BYTES],
+                          char *out, size_t out_size)
+{
+    char directory[CONFIG_PATH_MAX];
+    const char *name;
+    char leaf[TEMPORARY_NAME_KEEP + 32];
+    if (!split_path(path, directory, sizeof(directory), &name) ||
+        !temporary_leaf(name, random, leaf, sizeof(leaf)))
+        return false;
+    bool root = strcmp(directory, "/") == 0;
+    int n = snprintf(out, out_size, "%s/%s", root ? "" : directory, leaf);
+    return n > 0 && (size_t)n < out_size;
+}
+
 bool stats_write_file(const char *path, const struct stats_report *report, char *why,
                       size_t why_size)
 {
-    char temporary[CONFIG_PATH_MAX + 32];
-    int n = snprintf(temporary, sizeof(temporary), "%s.tmp.%ld", path, report->pid);
-    if (n < 0 || (size_t)n >= sizeof(temporary)) {
+    return stats_write_file_using(path, report, &stats_system_random, why, why_size);
+}
+
+bool stats_write_file_using(const char *path, const struct stats_report *report,
+                            const struct stats_random *random, char *why, size_t why_size)
+{
+    char directory[CONFIG_PATH_MAX];
+    const char *name;
+    if (!split_path(path, directory, sizeof(directory), &name)) {
         snprintf(why, why_size, "path too long");
         return false;
     }
-    int fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
+    if (name[0] == '\0') {
+        snprintf(why, why_size, "%s", strerror(EISDIR));
+        return false;
+    }
+    /* Every step is relative to one descriptor of the directory, so the
+     * temporary file and the final name are in the same directory whatever
+     * happens to the path meanwhile. */
+    int directory_fd = open(directory, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (directory_fd < 0) {
         snprintf(why, why_size, "%s", strerror(errno));
+        return false;
+    }
+    char temporary[TEMPORARY_NAME_KEEP + 32];
+    int fd = -1;
+    int attempts = 0;
+    while (fd < 0 && attempts < STATS_TEMPORARY_ATTEMPTS) {
+        unsigned char bytes[STATS_RANDOM_BYTES] = {0};
+        random->fill(random->context, bytes, sizeof(bytes));
+        attempts++;
+        if (!temporary_leaf(name, bytes, temporary, sizeof(temporary))) {
+            errno = ENAMETOOLONG;
+            break;
+        }
+        /* O_EXCL: never opens what is there, a symlink included (EEXIST);
+         * O_NOFOLLOW says so again. */
+        fd = openat(directory_fd, temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                    0666);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
+    if (fd < 0) {
+        int error = errno;
+        if (error == EEXIST)
+            snprintf(why, why_size, "%s (%d temporary names taken)", strerror(error), attempts);
+        else
+            snprintf(why, why_size, "%s", strerror(error));
+        close(directory_fd);
         return false;
     }
     /* No fsync: rename is enough for readers, and exit should stay cheap. */
     errno = 0;
     bool ok = stats_write_json(fd, report);
-    if (!ok && errno == 0)
-        errno = EIO;
-    int close_errno = close(fd) == 0 ? 0 : errno;
-    if (!ok || close_errno != 0 || rename(temporary, path) != 0) {
-        snprintf(why, why_size, "%s", strerror(close_errno ? close_errno : errno));
-        unlink(temporary);
-        return false;
+    int error = ok ? 0 : (errno != 0 ? errno : EIO);
+    if (close(fd) != 0 && error == 0)
+        error = errno;
+    /* rename replaces whatever is at the final name (a symlink included: the
+     * link goes, its target is untouched) and never follows it. */
+    if (error == 0 && renameat(directory_fd, temporary, directory_fd, name) != 0)
+        error = errno;
+    if (error != 0) {
+        snprintf(why, why_size, "%s", strerror(error));
+        unlinkat(directory_fd, temporary, 0);
     }
-    return true;
+    close(directory_fd);
+    return error == 0;
 }

@@ -52,6 +52,7 @@ struct stats_report {
         uint64_t registrations, bytes;
     } devices[STATS_MAX_DEVICES];
     bool fork_child;
+    uint64_t warnings;             /* warnings the shim raised in this process (log.h) */
     const char *block_size_source; /* how free learned block sizes; NULL: not reported */
     size_t error_count;
     struct {
@@ -69,9 +70,44 @@ bool stats_write_text(int fd, const struct stats_report *report);
 bool stats_expand_path(const char *template_path, long pid, const char *host, char *out,
                        size_t out_size);
 
-/* Writes the JSON report to path through a temporary file and rename, so readers
- * never see half a file. On failure writes why and returns false. */
+/* Whether the process has something to say: stats are written (to a file or
+ * as the summary on stderr) only when it saw a lock call (mlock, mlock2,
+ * MAP_LOCKED or mlockall) or the shim raised a warning, or when
+ * PINSHIM_STATS_ALL asks for every process. Never when PINSHIM_STATS is off. */
+bool stats_worth_writing(const struct stats_report *report, const struct pinshim_config *config);
+
+/* Where the temporary file's unpredictable name comes from. */
+#define STATS_RANDOM_BYTES 12
+#define STATS_TEMPORARY_ATTEMPTS 16
+struct stats_random {
+    /* Fills out with length unpredictable bytes; never fails. */
+    void (*fill)(void *context, unsigned char *out, size_t length);
+    void *context;
+};
+
+/* getrandom(2), or, where it fails (no entropy yet at boot, kernels before
+ * 3.17), a mix of clocks, pid and addresses. */
+extern const struct stats_random stats_system_random;
+
+/* The temporary name, in path's directory, that random bytes stand for:
+ * ".<final name>.<16 characters>.tmp" (the final name cut to 200 bytes).
+ * False if it does not fit. */
+bool stats_temporary_name(const char *path, const unsigned char random[STATS_RANDOM_BYTES],
+                          char *out, size_t out_size);
+
+/* Writes the JSON report to path, safely in a directory others can write to:
+ * a new file with an unpredictable name is created in path's directory with
+ * O_CREAT|O_EXCL|O_NOFOLLOW (a file or symlink already there is never opened:
+ * another name is tried, up to STATS_TEMPORARY_ATTEMPTS), written, and renamed
+ * to path (rename replaces a symlink at path, never follows it), so readers
+ * never see half a file. Its mode is 0666 less the umask, as for any file the
+ * user's programs create. On failure the temporary file is removed, why says
+ * what failed, and it returns false. No allocation. */
 bool stats_write_file(const char *path, const struct stats_report *report, char *why,
                       size_t why_size);
+
+/* The same with the random source given (tests plant files at the next name). */
+bool stats_write_file_using(const char *path, const struct stats_report *report,
+                            const struct stats_random *random, char *why, size_t why_size);
 
 #endif

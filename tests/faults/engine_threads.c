@@ -27,6 +27,7 @@
 
 struct backend_range {
     uintptr_t base, length;
+    bool program; /* registered by the "program" itself */
 };
 
 static struct {
@@ -35,6 +36,7 @@ static struct {
     size_t count;
     uint64_t register_calls, unregister_calls, register_ok, unregister_ok;
     uint64_t overlaps, unknown_bases, program_ranges;
+    uint64_t over_program; /* the shim met the program's registration: 712, as CUDA says */
 } backend = {.mutex = PTHREAD_MUTEX_INITIALIZER};
 
 static enum engine_choice backend_choose(void *context, bool from_worker,
@@ -60,16 +62,24 @@ static int backend_register(void *context, struct range_place *place, void *base
     if (++backend.register_calls % 7 == 0) {
         result = 2; /* cudaErrorMemoryAllocation */
     } else {
+        bool program = false;
         for (size_t i = 0; i < backend.count && result == 0; i++)
             if (start < backend.ranges[i].base + backend.ranges[i].length &&
-                backend.ranges[i].base < end)
+                backend.ranges[i].base < end) {
                 result = ENGINE_CUDA_ALREADY_REGISTERED;
-        if (result != 0) {
+                program = backend.ranges[i].program;
+            }
+        /* The program's registration outlives an unmap or free of its memory
+         * (its own bug), and the shim then meets it: legitimate. Meeting the
+         * shim's own registration is not. */
+        if (result != 0 && program) {
+            backend.over_program++;
+        } else if (result != 0) {
             backend.overlaps++;
         } else if (backend.count == MAX_RANGES) {
             result = 2;
         } else {
-            backend.ranges[backend.count++] = (struct backend_range){start, length};
+            backend.ranges[backend.count++] = (struct backend_range){start, length, false};
             backend.register_ok++;
         }
     }
@@ -156,7 +166,8 @@ static long program_register(void *arguments)
             backend.ranges[i].base < range[1])
             result = ENGINE_CUDA_ALREADY_REGISTERED;
     if (result == 0 && backend.count < MAX_RANGES) {
-        backend.ranges[backend.count++] = (struct backend_range){range[0], range[1] - range[0]};
+        backend.ranges[backend.count++] =
+            (struct backend_range){range[0], range[1] - range[0], true};
         backend.program_ranges++;
     }
     pthread_mutex_unlock(&backend.mutex);
@@ -228,6 +239,10 @@ static void *work(void *argument)
         default:
             atomic_fetch_add(&queries, (unsigned long)engine_is_registered(&engine, start));
             engine_get_counters(&engine, &counters);
+            /* With a registration thread: let it catch up now and then, so
+             * releases meet registered ranges too, not only queued ones. */
+            if (next_random(&state) % 2)
+                engine_drain(&engine);
             break;
         }
     }
@@ -240,7 +255,7 @@ static int run(bool asynchronous)
     backend.count = 0;
     backend.register_calls = backend.unregister_calls = backend.register_ok =
         backend.unregister_ok = backend.overlaps = backend.unknown_bases =
-            backend.program_ranges = 0;
+            backend.program_ranges = backend.over_program = 0;
     struct engine_options options = {.min_bytes = 64 * 1024,
                                      .max_registration_bytes = 32 * PAGE,
                                      .asynchronous = asynchronous,
@@ -283,9 +298,15 @@ static int run(bool asynchronous)
           (unsigned long long)counters.unregister_ok, (unsigned long long)backend.unregister_ok);
     CHECK(counters.live_ranges == 0 && counters.live_bytes == 0, "live %llu ranges",
           (unsigned long long)counters.live_ranges);
-    CHECK(counters.register_ok > 0 && counters.unregister_munlock > 0 &&
-              counters.unregister_free > 0 && counters.program_registrations > 0,
+    CHECK(counters.register_ok > 0 &&
+              counters.unregister_munlock + counters.unregister_free + counters.unregister_munmap >
+                  0 &&
+              counters.program_registrations > 0,
           "the workload did too little");
+    CHECK(counters.register_already_registered == backend.over_program,
+          "%llu registrations met the program's, the engine counted %llu",
+          (unsigned long long)backend.over_program,
+          (unsigned long long)counters.register_already_registered);
     printf("%s (%s): %llu registrations, %llu unregistrations, %llu failed, %llu by the program, "
            "%lu positive queries\n",
            failures ? "FAIL" : "PASS", asynchronous ? "registration thread" : "in the caller",

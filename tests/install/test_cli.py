@@ -49,8 +49,8 @@ class HelpAndVersion(unittest.TestCase):
         self.assertEqual(result.stderr, "")
         self.assertTrue(result.stdout.startswith("usage: pinshim "), result.stdout[:200])
         for expected in ("--no-register", "--min-bytes SIZE", "--flags LIST", "--cudart LIB",
-                         "--stats[=FILE]", "--log LEVEL", "--print-env", "--version",
-                         "report [--json]"):
+                         "--stats[=FILE]", "--stats-all", "--log LEVEL", "--print-env",
+                         "--version", "report [--all] [--json]"):
             self.assertIn(expected, result.stdout)
         markdown = run(["--help-options-markdown"]).stdout
         variables = re.findall(r"^\| `(PINSHIM_[A-Z_]+)`", markdown, re.MULTILINE)
@@ -146,6 +146,7 @@ class UsageErrors(unittest.TestCase):
         (["--flags", "portable,pinned"], "--flags"),
         (["--stats=out.%x.json"], "--stats"),
         (["--no-register=1"], "--no-register"),
+        (["--stats-all=1"], "--stats-all"),
         (["--frobnicate"], "--frobnicate"),
     ]
 
@@ -175,18 +176,38 @@ class UsageErrors(unittest.TestCase):
 
 
 class Stats(unittest.TestCase):
+    # cli_target and env lock nothing and get no warning: the shim has nothing
+    # to say about them, so only --stats-all makes them print a summary.
     def test_bare_stats_is_a_summary_and_never_takes_the_command(self):
         # The word after a bare --stats is the command, not a file.
-        result = run(["--stats", os.environ["CLI_TARGET"], "0"])
+        result = run(["--stats", "--stats-all", os.environ["CLI_TARGET"], "0"])
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout, "cli_target ran\n")
         self.assertRegex(result.stderr, r"(?m)^pinshim: pid \d+ on .*: registered 0")
+
+    def test_no_summary_from_a_process_with_nothing_to_say(self):
+        result = run(["--stats", os.environ["CLI_TARGET"], "0"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "cli_target ran\n")
+        self.assertEqual(result.stderr, "")
+
+    def test_a_warning_is_something_to_say(self):
+        result = run(["--stats", os.environ["CLI_TARGET"], "0"],
+                     clean_environment(PINSHIM_MIN_BYTES="lots"))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn('pinshim: PINSHIM_MIN_BYTES="lots" is not valid', result.stderr)
+        self.assertRegex(result.stderr, r"(?m)^pinshim: pid \d+ on .*: registered 0")
+
+    def test_stats_all_sets_its_variable(self):
+        result = run(["--print-env", "--stats-all", "--", "true"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("PINSHIM_STATS_ALL=1", result.stdout.splitlines())
 
     # GNU coreutils (env, cat, ls, ...) close stdout and stderr in their exit
     # handlers (gnulib close_stdout), before the shim's destructor writes the
     # summary: the shim keeps a copy of stderr for that (regression test).
     def test_summary_when_the_program_closes_stderr_at_exit(self):
-        result = run(["--stats", "env"])
+        result = run(["--stats", "--stats-all", "env"])
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("PINSHIM_STATS=1", result.stdout.splitlines())
         self.assertRegex(result.stderr, r"(?m)^pinshim: pid \d+ on .*: registered 0")
@@ -194,7 +215,7 @@ class Stats(unittest.TestCase):
     def test_stats_file_is_written_by_the_command_itself(self):
         with tempfile.TemporaryDirectory() as directory:
             template = os.path.join(directory, "stats.%h.%p.json")
-            process = subprocess.Popen([CLI, f"--stats={template}", "--", "true"],
+            process = subprocess.Popen([CLI, f"--stats={template}", "--stats-all", "--", "true"],
                                        env=clean_environment(), stderr=subprocess.PIPE,
                                        text=True)
             _, stderr = process.communicate(timeout=60)

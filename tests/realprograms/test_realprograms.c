@@ -456,15 +456,15 @@ Test(realprograms, fio_lockmem_threads, .timeout = 120)
 }
 
 /* In fio's default process mode the job runs in a forked child that leaves
- * through _exit (fio's backend.c), so only the parent writes stats and the
- * fake runtime's log tells what the child did. */
+ * through _exit (fio's backend.c), and the parent, which exits normally,
+ * locks nothing: with nothing to say it writes no stats either. The fake
+ * runtime's log tells what the child did. */
 Test(realprograms, fio_lockmem_processes, .timeout = 120)
 {
     struct pair pair;
     run_fio(&pair, false);
-    cr_assert_eq(pair.with_shim.stats_files, 1, "only fio's parent process exits normally");
-    cr_assert_eq(harness_stat(&pair.with_shim, "calls.lock"), 0, "the parent locks nothing");
-    cr_assert_eq(harness_stat(&pair.with_shim, "register.ok"), 0);
+    cr_assert_eq(pair.with_shim.stats_files, 0,
+                 "fio's parent locks nothing and its job child leaves through _exit");
     harness_expect_clean_runtime(&pair.with_shim);
     cr_assert_eq(pair.with_shim.log.process_count, 1, "only the job process uses CUDA");
     const struct fake_log_process *job = &pair.with_shim.log.processes[0];

@@ -141,7 +141,7 @@ class Coverage(unittest.TestCase):
         for variable in re.findall(r"env (PINSHIM_[A-Z_]+);", help_text):
             with self.subTest(variable=variable):
                 self.assertTrue(variable in self.section1, f"pinshim.1 lacks {variable}")
-        self.assertTrue("pinshim report [--json] FILE..." in self.section1,
+        self.assertTrue("pinshim report [--all] [--json] FILE..." in self.section1,
                         "pinshim.1 lacks the report synopsis")
 
     def test_version_in_title_lines(self):

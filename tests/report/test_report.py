@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""pinshim-report on generated stats files: tables, --json, bad files, exit
+"""pinshim-report on generated stats files: the totals that lead each job, the
+processes that did something sorted by bytes (--all: every one), --json with the
+same, optional keys (devices, deferred, ...) present or not, bad files, exit
 statuses, and never a traceback.
 
 Environment (set by meson): PINSHIM_REPORT (the script in the source tree),
@@ -23,7 +25,7 @@ REPORT = os.environ.get("PINSHIM_REPORT", "")
 
 def stats_document(pid, host="node1", exe="/usr/bin/train", ok=3, register_failed=0,
                    unregister_failed=0, bytes_registered=3 * 1048576, seconds=0.000250,
-                   live_ranges=1, live_bytes=1048576, errors=None):
+                   live_ranges=1, live_bytes=1048576, errors=None, locks=5):
     """A stats document as libpinshim.so writes it (src/stats.c)."""
     return {
         "pinshim": "0.1.0", "pid": pid, "host": host, "exe": exe, "fork_child": False,
@@ -37,10 +39,17 @@ def stats_document(pid, host="node1", exe="/usr/bin/train", ok=3, register_faile
         "unregister": {"ok": ok, "failed": unregister_failed, "munlock": 1, "free": 1,
                        "realloc": 0, "munmap": 0, "mremap": 0, "mmap_fixed": 0, "exit": 1,
                        "exit_unloading": 0, "seconds": 0.0003},
-        "calls": {"lock": 5, "unlock": 1, "mlockall": 0},
+        "calls": {"lock": locks, "unlock": 1, "mlockall": 0},
         "live": {"ranges": live_ranges, "bytes": live_bytes, "peak_bytes": bytes_registered},
+        "warnings": 0,
         "errors": errors or {},
     }
+
+
+def idle_document(pid, host="node1", exe="/bin/bash"):
+    """A process that locked nothing (written with PINSHIM_STATS_ALL=1)."""
+    return stats_document(pid, host=host, exe=exe, ok=0, bytes_registered=0, seconds=0,
+                          live_ranges=0, live_bytes=0, locks=0)
 
 
 def write_json(path, document):
@@ -82,50 +91,132 @@ class ReportCase(unittest.TestCase):
         return job
 
 
-class Table(ReportCase):
-    def test_rows_host_subtotals_and_totals(self):
+def totals_block(stdout):
+    """The labelled lines that lead a job: {label: text}."""
+    block = {}
+    label = None
+    for line in stdout.splitlines()[1:]:
+        if not line.startswith("  "):
+            break
+        name, text = line[2:16].strip(), line[17:]
+        label = name or label
+        block[label] = block[label] + "\n" + text if name == "" else text
+    return block
+
+
+def table_rows(stdout):
+    """The process rows of the table: lists of cells split on 2+ spaces."""
+    lines = stdout.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("host "))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line or line.startswith(("note:", "job ")):
+            break
+        rows.append(re.split(r"\s{2,}", line))
+    return rows
+
+
+class Text(ReportCase):
+    def test_totals_lead_then_the_rows_by_bytes(self):
         job = self.make_job()
         result = run_report(job)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stderr, "")
         lines = result.stdout.splitlines()
-        self.assertEqual(lines[0], f"job {job}: 3 processes on 2 hosts")
-        header = lines[1].split()
-        self.assertEqual(header[:4], ["host", "pid", "exe", "registrations"])
-        rows = {line.split()[1]: line for line in lines
-                if re.match(r"^node\d\s+\d+\s+(?!process)", line)}
-        self.assertEqual(sorted(rows), ["100", "101", "200"])
-        self.assertRegex(rows["100"], r"^node1\s+100\s+train\s+3\s+3\.0 MiB\s+0\s+0\.250 ms\s+"
-                                      r"1 \(1\.0 MiB\)\s+-$")
-        self.assertRegex(rows["101"], r"\s2\s+2\.0 MiB\s+0\s+500\.000 ms\s+0 \(0 B\)\s+-$")
-        self.assertRegex(rows["200"], r"^node2\s+200\s+loader\s+1\s+64\.0 KiB\s+3\s+")
-        self.assertTrue(rows["200"].endswith("cudaErrorInvalidValue 1, "
-                                             "cudaErrorMemoryAllocation 2"), rows["200"])
-        subtotals = [line for line in lines if line.split()[0] in ("node1", "node2")
-                     and "process" in line]
-        self.assertEqual(len(subtotals), 2, lines)
-        self.assertRegex(subtotals[0], r"^node1\s+2 processes\s+5\s+5\.0 MiB\s+0\s+")
-        total = [line for line in lines if line.startswith("total")]
-        self.assertEqual(len(total), 1, lines)
-        self.assertRegex(total[0], r"^total\s+3 processes\s+6\s+5\.1 MiB\s+3\s+500\.500 ms\s+"
-                                   r"2 \(1\.1 MiB\)\s+cudaErrorInvalidValue 1, "
-                                   r"cudaErrorMemoryAllocation 2$")
+        self.assertEqual(lines[0], f"job {job}")
+        totals = totals_block(result.stdout)
+        self.assertEqual(totals["processes"], "3 reported on 2 hosts, all did something")
+        self.assertEqual(totals["registered"], "6 registrations, 5.1 MiB, in 500.500 ms")
+        self.assertEqual(totals["failures"],
+                         "3 failures (2 registering, 1 unregistering): "
+                         "cudaErrorInvalidValue 1, cudaErrorMemoryAllocation 2")
+        self.assertEqual(totals["slowest"], "node1 pid 101 (train), 500.000 ms registering")
+        self.assertEqual(totals["live at exit"], "2 (1.1 MiB)")
+        self.assertEqual(totals["by host"],
+                         "node1: 2 processes, 5 registrations, 5.0 MiB, 0 failures\n"
+                         "node2: 1 process, 1 registration, 64.0 KiB, 3 failures")
+        # No optional key in these documents: no line for them.
+        for label in ("device 0", "deferred", "contexts", "time", "warnings"):
+            self.assertNotIn(label, totals)
+        header = lines[lines.index("") + 1]
+        self.assertEqual(header.split()[:5], ["host", "pid", "exe", "locks", "registrations"])
+        rows = table_rows(result.stdout)
+        self.assertEqual([row[1] for row in rows], ["100", "101", "200"])
+        self.assertEqual(rows[0], ["node1", "100", "train", "5", "3", "3.0 MiB", "0",
+                                   "0.250 ms", "1 (1.0 MiB)", "-"])
+        self.assertEqual(rows[1][5:9], ["2.0 MiB", "0", "500.000 ms", "0 (0 B)"])
+        self.assertEqual(rows[2][:3] + rows[2][5:7], ["node2", "200", "loader", "64.0 KiB", "3"])
+        self.assertEqual(rows[2][-1], "cudaErrorInvalidValue 1, cudaErrorMemoryAllocation 2")
 
-    def test_one_host_has_no_subtotals_and_singular_words(self):
-        write_json(os.path.join(self.directory, "a.json"), stats_document(7))
+    def test_only_processes_that_did_something_unless_all(self):
+        write_json(os.path.join(self.directory, "small.json"),
+                   stats_document(1, ok=1, bytes_registered=65536, seconds=0.001))
+        write_json(os.path.join(self.directory, "big.json"),
+                   stats_document(2, ok=2, bytes_registered=8 << 20, seconds=0.002))
+        write_json(os.path.join(self.directory, "idle1.json"), idle_document(3))
+        write_json(os.path.join(self.directory, "idle2.json"), idle_document(4, exe="/bin/ls"))
+        # Locked below PINSHIM_MIN_BYTES: registered nothing but did something.
+        write_json(os.path.join(self.directory, "locked.json"),
+                   stats_document(5, ok=0, bytes_registered=0, seconds=0, live_ranges=0,
+                                  live_bytes=0, locks=2))
+        # Failed only.
+        write_json(os.path.join(self.directory, "failed.json"),
+                   stats_document(6, ok=0, bytes_registered=0, seconds=0, live_ranges=0,
+                                  live_bytes=0, locks=0, register_failed=1,
+                                  errors={"cudaErrorMemoryAllocation": 1}))
+        result = run_report(self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(totals_block(result.stdout)["processes"],
+                         "6 reported on 1 host, 4 did something (listed below; --all lists "
+                         "the other 2)")
+        # Most bytes first; ties by registrations, then failures.
+        self.assertEqual([row[1] for row in table_rows(result.stdout)], ["2", "1", "6", "5"])
+        result = run_report("--all", self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual([row[1] for row in table_rows(result.stdout)],
+                         ["2", "1", "6", "5", "3", "4"])
+        self.assertIn("(--all: every one is listed)", result.stdout)
+
+    def test_warnings_alone_are_counted_not_listed(self):
+        write_json(os.path.join(self.directory, "a.json"), stats_document(1))
+        warned = idle_document(2)
+        warned["warnings"] = 2
+        write_json(os.path.join(self.directory, "b.json"), warned)
+        result = run_report(self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        totals = totals_block(result.stdout)
+        self.assertEqual(totals["warnings"], "2")
+        self.assertIn("1 did something", totals["processes"])
+        self.assertEqual([row[1] for row in table_rows(result.stdout)], ["1"])
+
+    def test_nothing_done_says_so(self):
+        write_json(os.path.join(self.directory, "a.json"), idle_document(3))
+        result = run_report(self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(totals_block(result.stdout)["slowest"], "-")
+        self.assertIn("No process locked or registered anything (--all lists the 1 process "
+                      "that reported).", result.stdout)
+        self.assertNotIn("host ", result.stdout)
+
+    def test_one_host_has_no_host_lines_and_singular_words(self):
+        write_json(os.path.join(self.directory, "a.json"),
+                   stats_document(7, ok=1, register_failed=1))
         result = run_report(os.path.join(self.directory, "a.json"))
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("1 process on 1 host", result.stdout)
-        self.assertEqual(sum(line.startswith("node1") for line in result.stdout.splitlines()), 1)
+        totals = totals_block(result.stdout)
+        self.assertEqual(totals["processes"], "1 reported on 1 host, all did something")
+        self.assertTrue(totals["registered"].startswith("1 registration, "), totals)
+        self.assertTrue(totals["failures"].startswith("1 failure ("), totals)
+        self.assertNotIn("by host", totals)
+        self.assertEqual(len(table_rows(result.stdout)), 1)
 
-    def test_one_table_per_directory(self):
+    def test_one_block_per_directory(self):
         first, second = self.make_job("first"), self.make_job("second")
         result = run_report(first, second)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout.count("\njob ") + result.stdout.startswith("job "), 2)
-        self.assertIn(f"job {first}: 3 processes", result.stdout)
-        self.assertIn(f"job {second}: 3 processes", result.stdout)
-        self.assertEqual(result.stdout.count("\ntotal "), 2)
+        self.assertIn(f"job {first}\n  processes      3 reported", result.stdout)
+        self.assertIn(f"job {second}\n  processes      3 reported", result.stdout)
 
     def test_runtime_error_is_noted(self):
         document = stats_document(9, ok=0, bytes_registered=0, live_ranges=0, live_bytes=0)
@@ -136,40 +227,163 @@ class Table(ReportCase):
                       "no usable NVIDIA driver", result.stdout)
 
 
+def add_optional_keys(document, devices, deferred=None, contexts=None, wait=None,
+                      background=None):
+    document["devices"] = [{"device": device, "registrations": count, "bytes": size}
+                           for device, count, size in devices]
+    if deferred is not None:
+        document["deferred"] = {"ranges": deferred[0], "registered_later": 0, "dropped": 0,
+                                "pending_ranges_at_exit": deferred[1],
+                                "pending_bytes_at_exit": deferred[2]}
+    if contexts is not None:
+        document["context"] = {"mode": "program", "driver": None, "contexts_created": contexts}
+    if wait is not None or background is not None:
+        document["thread"] = {"queued_at_exit": 0, "cancelled": 0}
+    if wait is not None:
+        document["thread"]["wait_seconds"] = wait
+    if background is not None:
+        document["thread"]["background_seconds"] = background
+    return document
+
+
+class OptionalKeys(ReportCase):
+    """Keys that newer shims add: shown when present, never required."""
+
+    def make_mixed_job(self):
+        first = add_optional_keys(stats_document(1, ok=3), [(0, 2, 2 << 20), (1, 1, 1 << 20)],
+                                  deferred=(2, 1, 4096), contexts=1, wait=0.25, background=0.5)
+        second = add_optional_keys(stats_document(2, ok=2, bytes_registered=2 << 20),
+                                   [(1, 2, 2 << 20)], contexts=2, wait=0.5)
+        write_json(os.path.join(self.directory, "first.json"), first)
+        write_json(os.path.join(self.directory, "second.json"), second)
+        # A document from a shim without the new keys.
+        write_json(os.path.join(self.directory, "old.json"), stats_document(3, ok=1))
+
+    def test_per_device_totals_and_the_rest_in_text(self):
+        self.make_mixed_job()
+        result = run_report(self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "")
+        totals = totals_block(result.stdout)
+        self.assertEqual(totals["device 0"], "2 registrations, 2.0 MiB")
+        self.assertEqual(totals["device 1"], "3 registrations, 3.0 MiB")
+        self.assertEqual(totals["deferred"], "2 ranges waited for a CUDA context; 1 range "
+                                             "(4.0 KiB) still waiting at exit")
+        self.assertEqual(totals["contexts"], "3 created")
+        self.assertEqual(totals["time"], "750.000 ms waiting, 500.000 ms in the background")
+
+    def test_per_device_totals_in_json(self):
+        self.make_mixed_job()
+        document = json.loads(run_report("--json", self.directory).stdout)
+        totals = document["totals"]
+        self.assertEqual(totals["devices"], [
+            {"device": 0, "registrations": 2, "bytes": 2 << 20},
+            {"device": 1, "registrations": 3, "bytes": 3 << 20}])
+        self.assertEqual(totals["deferred"],
+                         {"ranges": 2, "pending_ranges": 1, "pending_bytes": 4096})
+        self.assertEqual(totals["contexts_created"], 3)
+        self.assertAlmostEqual(totals["wait_seconds"], 0.75)
+        self.assertAlmostEqual(totals["background_seconds"], 0.5)
+        rows = {row["pid"]: row for row in document["processes"]}
+        self.assertEqual(rows[3]["devices"], [])
+        self.assertIsNone(rows[3]["deferred"])
+        self.assertIsNone(rows[3]["contexts_created"])
+        self.assertIsNone(rows[2]["background_seconds"])
+
+    def test_without_them_the_keys_are_empty(self):
+        write_json(os.path.join(self.directory, "a.json"), stats_document(1))
+        totals = json.loads(run_report("--json", self.directory).stdout)["totals"]
+        self.assertEqual(totals["devices"], [])
+        for key in ("deferred", "contexts_created", "wait_seconds", "background_seconds"):
+            self.assertIsNone(totals[key], key)
+
+    def test_bad_optional_keys_skip_the_file(self):
+        cases = {
+            "devices.json": ({"devices": [{"device": 0, "registrations": "2", "bytes": 1}]},
+                             "devices is not a list of objects"),
+            "deferred.json": ({"deferred": {"ranges": 1}}, "deferred is not an object"),
+            "contexts.json": ({"context": {"contexts_created": -1}},
+                              "context.contexts_created is not a count"),
+            "wait.json": ({"thread": {"wait_seconds": "soon"}},
+                          "thread.wait_seconds is not a number of seconds"),
+            "locks.json": ({"calls": {"lock": 1.5, "unlock": 0, "mlockall": 0}},
+                           "calls.lock is not a count"),
+        }
+        for name, (extra, _) in cases.items():
+            document = stats_document(1)
+            document.update(extra)
+            write_json(os.path.join(self.directory, name), document)
+        result = run_report(self.directory)
+        self.assertEqual(result.returncode, 1)
+        for name, (_, reason) in cases.items():
+            with self.subTest(name=name):
+                self.assertIn(f"{os.path.join(self.directory, name)}: {reason}", result.stderr)
+
+    def test_documents_without_calls_still_count(self):
+        """Files from shims before calls.* existed: registrations make them active."""
+        document = stats_document(1)
+        del document["calls"]
+        del document["warnings"]
+        write_json(os.path.join(self.directory, "a.json"), document)
+        result = run_report("--json", self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        row = json.loads(result.stdout)["processes"][0]
+        self.assertEqual((row["locks"], row["warnings"], row["active"]), (0, 0, True))
+
+
 class Json(ReportCase):
-    def test_document_rows_and_totals(self):
+    def test_document_totals_first_then_rows(self):
         job = self.make_job()
+        write_json(os.path.join(job, "stats.node1.102.json"), idle_document(102))
         result = run_report("--json", job)
         self.assertEqual(result.returncode, 0, result.stderr)
         document = json.loads(result.stdout)
-        self.assertEqual(document["pinshim_report"], 1)
-        self.assertEqual(document["files_read"], 3)
+        self.assertEqual(list(document)[:2], ["pinshim_report", "totals"])
+        self.assertEqual(list(document).index("processes"), len(document) - 3)
+        self.assertEqual(document["pinshim_report"], 2)
+        self.assertEqual(document["files_read"], 4)
         self.assertEqual(document["skipped"], [])
+        self.assertIs(document["all_processes"], False)
         rows = document["processes"]
+        # Those that did something, most bytes first.
         self.assertEqual([(row["host"], row["pid"]) for row in rows],
                          [("node1", 100), ("node1", 101), ("node2", 200)])
+        self.assertTrue(all(row["active"] for row in rows))
         loader = rows[2]
         self.assertEqual(loader["exe"], "/opt/app/bin/loader")
         self.assertEqual(loader["exe_name"], "loader")
         self.assertEqual(loader["job"], job)
         self.assertEqual(loader["file"], os.path.join(job, "stats.node2.200.json"))
         self.assertEqual((loader["failures"], loader["register_failed"],
-                          loader["unregister_failed"]), (3, 2, 1))
+                          loader["unregister_failed"], loader["locks"]), (3, 2, 1, 5))
         self.assertEqual(loader["errors"], {"cudaErrorInvalidValue": 1,
                                             "cudaErrorMemoryAllocation": 2})
         totals = document["totals"]
-        for key in ("registrations", "bytes", "failures", "live_ranges", "live_bytes"):
+        for key in ("registrations", "bytes", "failures", "live_ranges", "live_bytes", "locks"):
             self.assertEqual(totals[key], sum(row[key] for row in rows), key)
-        self.assertEqual((totals["processes"], totals["hosts"]), (3, 2))
+        self.assertEqual((totals["processes"], totals["active"], totals["hosts"]), (4, 3, 2))
         self.assertEqual((totals["registrations"], totals["live_ranges"]), (6, 2))
         self.assertAlmostEqual(totals["register_seconds"], 0.5005, places=6)
         self.assertEqual(totals["errors"], {"cudaErrorInvalidValue": 1,
                                             "cudaErrorMemoryAllocation": 2})
+        self.assertEqual(totals["slowest"], {
+            "host": "node1", "pid": 101, "exe": "/usr/bin/train", "exe_name": "train",
+            "register_seconds": 0.5, "file": os.path.join(job, "stats.node1.101.json")})
         hosts = {entry["host"]: entry for entry in document["hosts"]}
-        self.assertEqual((hosts["node1"]["processes"], hosts["node1"]["registrations"]), (2, 5))
+        self.assertEqual((hosts["node1"]["processes"], hosts["node1"]["registrations"]), (3, 5))
         self.assertEqual((hosts["node2"]["processes"], hosts["node2"]["failures"]), (1, 3))
         self.assertEqual([entry["job"] for entry in document["jobs"]], [job])
         self.assertEqual(document["jobs"][0]["registrations"], 6)
+        self.assertEqual(document["jobs"][0]["slowest"]["pid"], 101)
+
+    def test_all_lists_every_process(self):
+        job = self.make_job()
+        write_json(os.path.join(job, "stats.node1.102.json"), idle_document(102))
+        document = json.loads(run_report("--json", "--all", job).stdout)
+        self.assertIs(document["all_processes"], True)
+        self.assertEqual([(row["pid"], row["active"]) for row in document["processes"]],
+                         [(100, True), (101, True), (200, True), (102, False)])
+        self.assertEqual(document["totals"]["processes"], 4)
 
     def test_file_given_twice_counts_once(self):
         job = self.make_job()
@@ -187,6 +401,7 @@ class BadFiles(ReportCase):
         wrong_type["register"]["ok"] = "3"
         bad = {
             "truncated.json": (text[: len(text) // 2], "truncated JSON"),
+            "cut_in_string.json": (text[: text.index('"exe": "') + 12], "truncated JSON"),
             "notjson.json": ("pinshim: pid 4 on node1: registered 0\n", "not valid JSON"),
             "missing.json": (json.dumps(missing), "missing key register.seconds"),
             "wrongtype.json": (json.dumps(wrong_type), "register.ok is not a count"),
@@ -219,7 +434,7 @@ class BadFiles(ReportCase):
                 self.assertIn(reason, line[0])
                 self.assertTrue(line[0].endswith("; skipped"), line[0])
         self.assertEqual(len(result.stderr.splitlines()), len(bad))
-        self.assertIn("1 process on 1 host", result.stdout)
+        self.assertIn("1 reported on 1 host", result.stdout)
         self.assertRegex(result.stdout, r"(?m)^node1\s+301\s+train\s")
 
     def test_skipped_files_in_json(self):
@@ -278,7 +493,8 @@ class Usage(ReportCase):
     def test_help(self):
         result = run_report("--help")
         self.assertEqual(result.returncode, 0)
-        self.assertIn("usage: pinshim-report [-h] [--json] FILE [FILE ...]", result.stdout)
+        self.assertIn("usage: pinshim-report [-h] [--all] [--json] FILE [FILE ...]",
+                      result.stdout)
         self.assertIn("exit status", result.stdout)
 
     def test_script_is_executable_on_its_own(self):
@@ -315,15 +531,19 @@ class ThroughTheCommandAndTheShim(ReportCase):
         path = os.path.join(self.directory, "stats.%h.%p.json")
         environment = {key: value for key, value in os.environ.items()
                        if not key.startswith("PINSHIM_")}
-        environment.update(LD_PRELOAD=os.environ["PINSHIM_LIB"], PINSHIM_STATS=path)
+        # true locks nothing: only PINSHIM_STATS_ALL makes it write stats.
+        environment.update(LD_PRELOAD=os.environ["PINSHIM_LIB"], PINSHIM_STATS=path,
+                           PINSHIM_STATS_ALL="1")
         # A program that ends with exit(), so the shim's destructor runs (dash
         # ends with _exit and writes no stats).
         process = subprocess.Popen(["true"], env=environment, stderr=subprocess.PIPE, text=True)
         _, stderr = process.communicate(timeout=60)
         self.assertEqual(process.returncode, 0, stderr)
-        result = run_report("--json", self.directory)
+        result = run_report("--json", "--all", self.directory)
         self.assertEqual(result.returncode, 0, result.stderr)
         rows = json.loads(result.stdout)["processes"]
+        self.assertEqual([(row["active"], row["locks"], row["warnings"]) for row in rows],
+                         [(False, 0, 0)])
         self.assertEqual([(row["pid"], row["exe_name"]) for row in rows],
                          [(process.pid, os.path.basename(os.path.realpath(
                              shutil.which("true"))))])

@@ -26,6 +26,21 @@ static const char *lookup(const char *name, void *context)
     return NULL;
 }
 
+/* An environment with room for every variable of the table. */
+struct big_environment {
+    const char *names[OPT_COUNT];
+    const char *values[OPT_COUNT];
+};
+
+static const char *big_lookup(const char *name, void *context)
+{
+    struct big_environment *environment = context;
+    for (int i = 0; i < OPT_COUNT && environment->names[i]; i++)
+        if (strcmp(environment->names[i], name) == 0)
+            return environment->values[i];
+    return NULL;
+}
+
 /* Loads a configuration from one variable and returns what was logged. */
 static char logged[4096];
 static int load_one(struct pinshim_config *cfg, const char *name, const char *value)
@@ -34,7 +49,7 @@ static int load_one(struct pinshim_config *cfg, const char *name, const char *va
     int pipe_fds[2];
     cr_assert_eq(pipe(pipe_fds), 0);
     log_set_fd(pipe_fds[1]);
-    int bad = config_load(cfg, lookup, &environment);
+    int bad = config_load(cfg, lookup, &environment, false);
     log_set_fd(-1);
     close(pipe_fds[1]);
     ssize_t n = read(pipe_fds[0], logged, sizeof(logged) - 1);
@@ -47,7 +62,7 @@ Test(options, defaults)
 {
     struct pinshim_config cfg;
     struct fake_environment empty = {{NULL}, {NULL}};
-    cr_assert_eq(config_load(&cfg, lookup, &empty), 0);
+    cr_assert_eq(config_load(&cfg, lookup, &empty, false), 0);
     cr_assert(cfg.register_enabled);
     cr_assert_eq(cfg.min_bytes, 65536);
     cr_assert_eq(cfg.register_flags, 0);
@@ -140,7 +155,7 @@ Test(options, quiet_silences_warnings_about_other_values)
     cr_assert_eq(pipe(pipe_fds), 0);
     log_set_fd(pipe_fds[1]);
     struct pinshim_config cfg;
-    cr_assert_eq(config_load(&cfg, lookup, &environment), 1);
+    cr_assert_eq(config_load(&cfg, lookup, &environment, false), 1);
     log_set_fd(-1);
     close(pipe_fds[1]);
     char buffer[64];
@@ -248,4 +263,156 @@ Test(options, readme_table_matches_the_code)
               "build/src/pinshim --help-options-markdown:\n%s",
               table);
     free(readme);
+}
+
+Test(options, stats_all_is_a_boolean_flag)
+{
+    struct pinshim_config cfg;
+    struct fake_environment empty = {{NULL}, {NULL}};
+    config_load(&cfg, lookup, &empty, false);
+    cr_assert_not(cfg.stats_all);
+    const char *on[] = {"1", "true", "YES", "on"};
+    for (size_t i = 0; i < 4; i++) {
+        cr_assert_eq(load_one(&cfg, "PINSHIM_STATS_ALL", on[i]), 0);
+        cr_assert(cfg.stats_all, "%s", on[i]);
+    }
+    cr_assert_eq(load_one(&cfg, "PINSHIM_STATS_ALL", "off"), 0);
+    cr_assert_not(cfg.stats_all);
+    cr_assert_eq(load_one(&cfg, "PINSHIM_STATS_ALL", "everything"), 1);
+    cr_assert_not(cfg.stats_all);
+    cr_assert(strstr(logged, "PINSHIM_STATS_ALL=\"everything\" is not valid (not a boolean)") !=
+              NULL);
+    char text[16];
+    cfg.stats_all = true;
+    config_format_value(&cfg, OPT_STATS_ALL, text, sizeof(text));
+    cr_assert_str_eq(text, "on");
+    /* The command's flag sets the variable to a value the parser takes. */
+    const struct option_spec *spec = option_find_by_cli("stats-all");
+    cr_assert_not_null(spec);
+    cr_assert_null(spec->cli_argument);
+    cr_assert_str_eq(spec->flag_value, "1");
+}
+
+/* Every flag (an option without an argument) sets a value its parser accepts;
+ * every option with an argument has none. */
+Test(options, flags_set_values_their_parser_takes)
+{
+    for (int i = 0; i < OPT_COUNT; i++) {
+        const struct option_spec *spec = &option_table[i];
+        if (spec->cli_argument != NULL) {
+            cr_assert_null(spec->flag_value, "%s", spec->env_name);
+            continue;
+        }
+        cr_assert_not_null(spec->flag_value, "%s", spec->env_name);
+        struct pinshim_config cfg;
+        config_set_defaults(&cfg);
+        char why[96];
+        cr_assert(spec->parse(spec->flag_value, &cfg, why, sizeof(why)), "%s", spec->env_name);
+    }
+}
+
+/* Loads with every variable of the table set to a value other than its default
+ * (one that names a file where the option names one), in secure-execution
+ * mode or not; what was logged is in logged. */
+static struct pinshim_config load_all_set(bool secure_execution)
+{
+    static const char *const values[OPT_COUNT] = {
+        [OPT_REGISTER] = "off",      [OPT_MIN_BYTES] = "1M",
+        [OPT_FLAGS] = "portable",    [OPT_CUDART] = "/tmp/evil/libcudart.so",
+        [OPT_STATS] = "/tmp/x.json", [OPT_STATS_ALL] = "1",
+        [OPT_LOG] = "warn",          [OPT_BLOCK_SIZE] = "allocator",
+        [OPT_CONTEXT] = "create",    [OPT_DEVICE] = "2",
+        [OPT_ASYNC] = "off",         [OPT_MAX_REGISTRATION] = "1G",
+        [OPT_ONFAULT] = "skip",      [OPT_FORK] = "dontfork",
+        [OPT_FORK_WARN] = "0",
+    };
+    struct big_environment environment = {{0}, {0}};
+    for (int i = 0; i < OPT_COUNT; i++) {
+        cr_assert_not_null(values[i], "the test lacks a value for %s", option_table[i].env_name);
+        environment.names[i] = option_table[i].env_name;
+        environment.values[i] = values[i];
+    }
+    int pipe_fds[2];
+    cr_assert_eq(pipe(pipe_fds), 0);
+    log_set_fd(pipe_fds[1]);
+    struct pinshim_config cfg;
+    cr_assert_eq(config_load(&cfg, big_lookup, &environment, secure_execution), 0);
+    log_set_fd(-1);
+    close(pipe_fds[1]);
+    ssize_t n = read(pipe_fds[0], logged, sizeof(logged) - 1);
+    logged[n > 0 ? n : 0] = '\0';
+    close(pipe_fds[0]);
+    return cfg;
+}
+
+Test(options, secure_execution_ignores_options_that_name_files)
+{
+    cr_assert(option_table[OPT_STATS].names_file);
+    cr_assert(option_table[OPT_CUDART].names_file);
+
+    struct pinshim_config cfg = load_all_set(false);
+    cr_assert_str_empty(logged);
+    cr_assert_eq(cfg.stats_mode, STATS_JSON);
+    cr_assert_str_eq(cfg.cudart, "/tmp/evil/libcudart.so");
+
+    cfg = load_all_set(true);
+    /* The options that name files keep their defaults... */
+    struct pinshim_config defaults;
+    config_set_defaults(&defaults);
+    for (int i = 0; i < OPT_COUNT; i++) {
+        char got[CONFIG_PATH_MAX], wanted[CONFIG_PATH_MAX];
+        config_format_value(&cfg, (enum option_id)i, got, sizeof(got));
+        config_format_value(&defaults, (enum option_id)i, wanted, sizeof(wanted));
+        if (option_table[i].names_file)
+            cr_assert_str_eq(got, wanted, "%s was read in secure-execution mode",
+                             option_table[i].env_name);
+        /* ...the others are read as usual. */
+        else if (i != OPT_LOG)
+            cr_assert_str_neq(got, wanted, "%s was not read", option_table[i].env_name);
+    }
+    cr_assert_eq(cfg.stats_mode, STATS_NONE);
+    cr_assert_str_empty(cfg.cudart);
+    cr_assert(cfg.stats_all);
+    cr_assert_eq(cfg.min_bytes, 1 << 20);
+    /* One warning naming every variable ignored and what is used instead. */
+    cr_assert_str_eq(logged, "pinshim: secure-execution mode (setuid, setgid or file "
+                             "capabilities): ignoring PINSHIM_CUDART, PINSHIM_STATS, which name "
+                             "files or libraries; using PINSHIM_CUDART=search, PINSHIM_STATS=0\n");
+}
+
+Test(options, secure_execution_warns_only_about_what_was_set)
+{
+    struct pinshim_config cfg;
+    struct fake_environment environment = {{"PINSHIM_STATS", "PINSHIM_CUDART"}, {"1", ""}};
+    int pipe_fds[2];
+    cr_assert_eq(pipe(pipe_fds), 0);
+    log_set_fd(pipe_fds[1]);
+    cr_assert_eq(config_load(&cfg, lookup, &environment, true), 0);
+    log_set_fd(-1);
+    close(pipe_fds[1]);
+    ssize_t n = read(pipe_fds[0], logged, sizeof(logged) - 1);
+    logged[n > 0 ? n : 0] = '\0';
+    close(pipe_fds[0]);
+    /* PINSHIM_STATS=1 names no file but the variable is ignored as a whole, as
+     * secure_getenv would; an empty PINSHIM_CUDART means the default anyway. */
+    cr_assert_eq(cfg.stats_mode, STATS_NONE);
+    cr_assert_str_eq(logged, "pinshim: secure-execution mode (setuid, setgid or file "
+                             "capabilities): ignoring PINSHIM_STATS, which name files or "
+                             "libraries; using PINSHIM_STATS=0\n");
+    /* Nothing set: nothing said. */
+    struct fake_environment empty = {{NULL}, {NULL}};
+    cr_assert_eq(pipe(pipe_fds), 0);
+    log_set_fd(pipe_fds[1]);
+    config_load(&cfg, lookup, &empty, true);
+    log_set_fd(-1);
+    close(pipe_fds[1]);
+    char buffer[64];
+    cr_assert_eq(read(pipe_fds[0], buffer, sizeof(buffer)), 0);
+    close(pipe_fds[0]);
+}
+
+Test(options, secure_execution_of_this_test_is_off)
+{
+    /* The test runs as itself, not setuid: getauxval(AT_SECURE) is 0. */
+    cr_assert_not(config_secure_execution());
 }
