@@ -6,6 +6,7 @@
 #undef _FILE_OFFSET_BITS
 
 #include "block_extent.h"
+#include "cuda_loader.h"
 #include "log.h"
 #include "memory_map.h"
 #include "runtime.h"
@@ -635,4 +636,134 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
                                (uintptr_t)new_address, &call);
     runtime_guard_leave();
     return (void *)result;
+}
+
+/* ---- the program's own registrations ---- */
+
+/* A program (or its framework: PyTorch, DeepSpeed, vLLM) that registers
+ * memory itself reaches these definitions first, when its call goes through
+ * the global symbol scope (a library linked against libcudart, or
+ * dlsym(RTLD_DEFAULT)). The shim hands over the pages (its own registrations
+ * there go first) and forwards to the definition the caller would have
+ * reached without it. */
+typedef int (*cuda_host_register_fn)(void *, size_t, unsigned int);
+typedef int (*cuda_host_unregister_fn)(void *);
+
+enum { CUDA_ERROR_INSUFFICIENT_DRIVER = 35 };
+
+/* An address no one registers: the program's cudaHostUnregister of memory
+ * only the shim registered is answered by the runtime for this instead, so
+ * the program gets exactly the error (and last-error state) it would get
+ * without the shim, and the shim's registration stays. */
+static char never_registered;
+
+/* The definition after the shim's: the next in the global scope, else in the
+ * caller's own dependencies (a library loaded RTLD_LOCAL with its runtime, as
+ * PyTorch's are), else a runtime loaded under a known soname. Caches the last
+ * answer per caller object. */
+static void *next_runtime_symbol(const char *name, void *own, const void *caller)
+{
+    static pthread_mutex_t cache_mutex = PTHREAD_MUTEX_INITIALIZER;
+    static struct {
+        const char *name;
+        void *base, *symbol;
+    } cache[8];
+    static unsigned cache_next;
+    Dl_info info = {0};
+    bool have_caller = dladdr(caller, &info) != 0 && info.dli_fname != NULL;
+    pthread_mutex_lock(&cache_mutex);
+    for (unsigned i = 0; i < 8; i++)
+        if (cache[i].name == name && cache[i].base == info.dli_fbase && cache[i].symbol != NULL) {
+            void *symbol = cache[i].symbol;
+            pthread_mutex_unlock(&cache_mutex);
+            return symbol;
+        }
+    pthread_mutex_unlock(&cache_mutex);
+    runtime_guard_enter();
+    void *symbol = dlsym(RTLD_NEXT, name);
+    if ((symbol == NULL || symbol == own) && have_caller) {
+        void *handle = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+        if (handle != NULL) {
+            symbol = dlsym(handle, name);
+            dlclose(handle);
+        }
+    }
+    for (int i = 0; (symbol == NULL || symbol == own) && cuda_runtime_sonames[i] != NULL; i++) {
+        void *handle = dlopen(cuda_runtime_sonames[i], RTLD_NOW | RTLD_NOLOAD);
+        if (handle != NULL) {
+            symbol = dlsym(handle, name);
+            dlclose(handle);
+        }
+    }
+    runtime_guard_leave();
+    if (symbol == own)
+        symbol = NULL;
+    if (symbol != NULL) {
+        pthread_mutex_lock(&cache_mutex);
+        unsigned slot = cache_next++ % 8;
+        cache[slot].name = name;
+        cache[slot].base = info.dli_fbase;
+        cache[slot].symbol = symbol;
+        pthread_mutex_unlock(&cache_mutex);
+    }
+    return symbol;
+}
+
+struct program_register_call {
+    cuda_host_register_fn next;
+    void *ptr;
+    size_t size;
+    unsigned int flags;
+};
+
+static long run_program_register(void *arguments)
+{
+    struct program_register_call *call = arguments;
+    return call->next(call->ptr, call->size, call->flags);
+}
+
+struct program_unregister_call {
+    cuda_host_unregister_fn next;
+    void *ptr;
+};
+
+static long run_program_unregister(void *arguments)
+{
+    struct program_unregister_call *call = arguments;
+    return call->next(call->ptr);
+}
+
+PINSHIM_EXPORT int cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+    cuda_host_register_fn next = (cuda_host_register_fn)next_runtime_symbol(
+        "cudaHostRegister", (void *)cudaHostRegister, __builtin_return_address(0));
+    if (next == NULL)
+        return CUDA_ERROR_INSUFFICIENT_DRIVER; /* no runtime in the process at all */
+    if (runtime_guarded() || !runtime_is_initialized())
+        return next(ptr, size, flags);
+    runtime_notice_cuda();
+    struct program_register_call arguments = {next, ptr, size, flags};
+    struct engine_call call = {run_program_register, &arguments};
+    runtime_guard_enter();
+    int result = (int)engine_program_register(&runtime_engine, (uintptr_t)ptr, size, &call);
+    runtime_guard_leave();
+    return result;
+}
+
+PINSHIM_EXPORT int cudaHostUnregister(void *ptr)
+{
+    cuda_host_unregister_fn next = (cuda_host_unregister_fn)next_runtime_symbol(
+        "cudaHostUnregister", (void *)cudaHostUnregister, __builtin_return_address(0));
+    if (next == NULL)
+        return CUDA_ERROR_INSUFFICIENT_DRIVER;
+    if (runtime_guarded() || !runtime_is_initialized())
+        return next(ptr);
+    if (engine_is_shim_registration(&runtime_engine, (uintptr_t)ptr))
+        return next(&never_registered); /* not the program's: as without the shim */
+    struct program_unregister_call arguments = {next, ptr};
+    struct engine_call call = {run_program_unregister, &arguments};
+    runtime_guard_enter();
+    int result = (int)engine_program_unregister(&runtime_engine, (uintptr_t)ptr, &call);
+    runtime_guard_leave();
+    return result;
 }

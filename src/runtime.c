@@ -690,6 +690,13 @@ PINSHIM_EXPORT int pinshim_is_registered(const void *ptr)
     return engine_is_registered(&runtime_engine, (uintptr_t)ptr) ? 1 : 0;
 }
 
+PINSHIM_EXPORT size_t pinshim_drain(void)
+{
+    if (!runtime_is_initialized() || runtime_guarded())
+        return 0;
+    return engine_drain(&runtime_engine);
+}
+
 PINSHIM_EXPORT size_t pinshim_get_counters(struct pinshim_counters *out, size_t size)
 {
     if (out == NULL)
