@@ -82,9 +82,10 @@ class Counters(ctypes.Structure):
     def as_dict(self) -> Dict[str, int]:
         """The fields the shim filled, by name."""
         filled = getattr(self, "filled", ctypes.sizeof(self))
+        names = [field[0] for field in self._fields_]
         return {
             name: getattr(self, name)
-            for name, _ in self._fields_
+            for name in names
             if getattr(Counters, name).offset + getattr(Counters, name).size <= filled
         }
 
@@ -232,7 +233,7 @@ def _private_dir() -> str:
     try:
         from importlib import metadata
 
-        located = os.fspath(metadata.distribution("pinshim").locate_file(_PRIVATE_DIR))
+        located = str(metadata.distribution("pinshim").locate_file(_PRIVATE_DIR))
     except Exception:  # not installed from the wheel (a source checkout)
         located = ""
     if located and os.path.isdir(located):
