@@ -1527,6 +1527,30 @@ void engine_shutdown(struct engine *engine)
     op_end(&op);
 }
 
+bool engine_note_immediate_exit(struct engine *engine)
+{
+    if (!engine->registry_ok)
+        return false;
+    bool locked = false;
+    for (int attempt = 0; attempt < 100 && !locked; attempt++) {
+        locked = pthread_mutex_trylock(&engine->mutex) == 0;
+        if (!locked) {
+            struct timespec pause = {0, 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    if (!locked)
+        return false;
+    __atomic_store_n(&engine->shut_down, true, __ATOMIC_RELAXED);
+    engine->live_ranges_at_exit = engine->counters.live_ranges;
+    engine->live_bytes_at_exit = engine->counters.live_bytes;
+    engine->pending_ranges_at_exit = engine->pending_ranges;
+    engine->pending_bytes_at_exit = engine->pending_bytes;
+    engine->queued_ranges_at_exit = engine->queued_ranges;
+    pthread_mutex_unlock(&engine->mutex);
+    return true;
+}
+
 bool engine_is_registered(struct engine *engine, uintptr_t addr)
 {
     if (!engine_may_overlap(engine, addr, addr + 1))

@@ -44,6 +44,7 @@ typedef int (*munlockall_fn)(void);
 typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
 typedef int (*munmap_fn)(void *, size_t);
 typedef void *(*mremap_fn)(void *, size_t, size_t, int, ...);
+typedef void (*exit_fn)(int);
 
 /* glibc's own entry points, used only while the real ones are being resolved
  * (dlsym can allocate and free). */
@@ -68,6 +69,7 @@ static struct {
     mmap_fn mmap64;
     munmap_fn munmap;
     mremap_fn mremap;
+    exit_fn exit_now;
 } real = {.free = bootstrap_free, .malloc_usable_size = bootstrap_usable_size};
 
 static int resolved;
@@ -96,6 +98,7 @@ static void resolve_once_body(void)
     real.mmap64 = (mmap_fn)next_symbol("mmap64");
     real.munmap = (munmap_fn)next_symbol("munmap");
     real.mremap = (mremap_fn)next_symbol("mremap");
+    real.exit_now = (exit_fn)next_symbol("_exit");
     /* free and malloc_usable_size are read without synchronisation on the hot
      * path: publish them with release stores, last. */
     usable_size_fn next_usable = (usable_size_fn)next_symbol("malloc_usable_size");
@@ -766,4 +769,29 @@ PINSHIM_EXPORT int cudaHostUnregister(void *ptr)
     int result = (int)engine_program_unregister(&runtime_engine, (uintptr_t)ptr, &call);
     runtime_guard_leave();
     return result;
+}
+
+/* ---- _exit ---- */
+
+/* Python's multiprocessing workers, stress-ng's and many daemons' children
+ * end with _exit: no exit handlers, no destructors, so without this they
+ * would write no statistics. */
+__attribute__((noreturn)) static void exit_now(int status)
+{
+    ensure_resolved();
+    runtime_before_immediate_exit();
+    if (real.exit_now != NULL)
+        real.exit_now(status);
+    for (;;)
+        syscall(SYS_exit_group, status);
+}
+
+PINSHIM_EXPORT void _exit(int status)
+{
+    exit_now(status);
+}
+
+PINSHIM_EXPORT void _Exit(int status)
+{
+    exit_now(status);
 }

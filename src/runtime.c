@@ -63,6 +63,8 @@ static struct cuda_driver driver;
 static int preferred_device = -1; /* the device the program's threads were last seen using */
 static uint64_t contexts_created; /* by the shim's runtime calls (create mode only) */
 static bool is_fork_child;
+static pid_t process_id; /* this process's, set at start and in fork children */
+static bool ended_by_immediate_exit;
 static bool parent_used_cuda;
 static bool cuda_used_here; /* this process initialised CUDA (seen by the shim) */
 static int mlockall_logged;
@@ -389,6 +391,7 @@ static void after_fork_child(void)
      * registrations are not the child's to undo. */
     engine_reset_after_fork(&runtime_engine);
     is_fork_child = true;
+    process_id = getpid();
     if (cuda_used_here || cuda_state == CUDA_READY || cuda.loaded)
         parent_used_cuda = true;
     cuda_used_here = false;
@@ -476,6 +479,7 @@ static bool stderr_copy_intact(void)
 
 static void initialize(void)
 {
+    process_id = getpid();
     long page = sysconf(_SC_PAGESIZE);
     if (page > 0)
         runtime_page_size = (uintptr_t)page;
@@ -609,6 +613,7 @@ static void fill_report(struct stats_report *report)
         report->devices[i].bytes = devices[i].bytes;
     }
     report->fork_child = is_fork_child;
+    report->ended_by = ended_by_immediate_exit ? "_exit" : "exit";
     report->block_size_source = block_extent_source_name(
         (enum block_extent_source)__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED));
     struct engine_error_count errors[STATS_MAX_ERRORS];
@@ -657,6 +662,21 @@ static void write_stats(void)
                  why);
         write_summary(&report);
     }
+}
+
+void runtime_before_immediate_exit(void)
+{
+    if (!runtime_is_initialized() || runtime_config.stats_mode == STATS_NONE ||
+        runtime_guarded() || getpid() != process_id)
+        return;
+    int saved_errno = errno;
+    runtime_guard_enter();
+    if (engine_note_immediate_exit(&runtime_engine)) {
+        ended_by_immediate_exit = true;
+        write_stats();
+    }
+    runtime_guard_leave();
+    errno = saved_errno;
 }
 
 __attribute__((constructor)) static void runtime_constructor(void)

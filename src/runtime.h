@@ -56,6 +56,13 @@ size_t runtime_rounding_threshold(void);
 void runtime_note_mlockall(int flags, int result);
 void runtime_note_munlockall(int result);
 
+/* _exit, _Exit: the process ends now, without exit handlers or destructors.
+ * Writes the statistics as exit would (registrations still held count as
+ * live at exit; they are not unregistered: the kernel drops every pin with
+ * the process, and _exit asked for no clean-up). Not in a vfork child (it
+ * shares the parent's memory) nor when the shim's lock is held. */
+void runtime_before_immediate_exit(void);
+
 /* Locked ranges wait for the program's CUDA context (PINSHIM_CONTEXT=program):
  * at most every 10 ms, a shim call checks whether a CUDA driver is loaded now
  * and, if so, wakes the registration thread to look for a context. One load

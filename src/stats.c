@@ -114,6 +114,10 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_text(&out, ", \"exe\": ");
     out_json_string(&out, report->exe);
     out_format(&out, ", \"fork_child\": %s", report->fork_child ? "true" : "false");
+    if (report->ended_by != NULL) {
+        out_text(&out, ", \"ended_by\": ");
+        out_json_string(&out, report->ended_by);
+    }
     if (report->block_size_source != NULL) {
         out_text(&out, ", \"block_size_source\": ");
         out_json_string(&out, report->block_size_source);

@@ -52,6 +52,7 @@ struct stats_report {
         uint64_t registrations, bytes;
     } devices[STATS_MAX_DEVICES];
     bool fork_child;
+    const char *ended_by; /* "exit", or "_exit" (no exit handlers ran); NULL: not said */
     uint64_t warnings;             /* warnings the shim raised in this process (log.h) */
     const char *block_size_source; /* how free learned block sizes; NULL: not reported */
     size_t error_count;

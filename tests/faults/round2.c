@@ -22,7 +22,10 @@
  *                              stderr at exit as coreutils do: the exit
  *                              summary must not land in FILE
  *   fork_child                 mlock 4 MiB, fork; the child reports whether
- *                              it has the buffer's pages (mincore) */
+ *                              it has the buffer's pages (mincore)
+ *   exit_now [_Exit]           mlock 4 MiB and end with _exit(3) (or _Exit(3))
+ *                              holding it: the statistics are still written
+ *                              (issue 10) */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -346,6 +349,21 @@ static int fork_child(void)
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 2;
 }
 
+/* ---- exit_now ---- */
+
+static int exit_now(bool upper)
+{
+    size_t length = 4 << 20;
+    char *buffer = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buffer == MAP_FAILED || mlock(buffer, length) != 0)
+        return 2;
+    printf("ok: locked, ending with %s\n", upper ? "_Exit" : "_exit");
+    fflush(stdout);
+    if (upper)
+        _Exit(3);
+    _exit(3);
+}
+
 int main(int argc, char **argv)
 {
     page = (size_t)sysconf(_SC_PAGESIZE);
@@ -363,6 +381,8 @@ int main(int argc, char **argv)
         return exit_summary_fd(argv[2]);
     if (argc >= 2 && strcmp(argv[1], "fork_child") == 0)
         return fork_child();
+    if (argc >= 2 && strcmp(argv[1], "exit_now") == 0)
+        return exit_now(argc >= 3 && strcmp(argv[2], "_Exit") == 0);
     fprintf(stderr, "usage: round2 MODE [ARGS] (see the source)\n");
     return 2;
 }
