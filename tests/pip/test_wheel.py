@@ -407,7 +407,7 @@ class Installed(unittest.TestCase):
                 self.assertEqual(merged["totals"]["registrations"], 2, merged)
         table = fixture.run(["pinshim", "report", stats_dir])
         self.assertEqual(table.returncode, 0, tail(table))
-        self.assertIn("total", table.stdout)
+        self.assertIn("registered     2 registrations, 8.0 MiB", table.stdout)
         self.assertIn("1 (4.0 MiB)", table.stdout)  # live at exit
 
     def test_man_finds_the_pages(self):

@@ -456,15 +456,17 @@ Test(realprograms, fio_lockmem_threads, .timeout = 120)
 }
 
 /* In fio's default process mode the job runs in a forked child that leaves
- * through _exit (fio's backend.c), and the parent, which exits normally,
- * locks nothing: with nothing to say it writes no stats either. The fake
- * runtime's log tells what the child did. */
+ * through _exit (fio's backend.c): the shim writes its stats there (ended_by
+ * "_exit"). The parent, which exits normally, locks nothing: with nothing to
+ * say it writes no stats. The fake runtime's log tells what the child did. */
 Test(realprograms, fio_lockmem_processes, .timeout = 120)
 {
     struct pair pair;
     run_fio(&pair, false);
-    cr_assert_eq(pair.with_shim.stats_files, 0,
-                 "fio's parent locks nothing and its job child leaves through _exit");
+    cr_assert_eq(pair.with_shim.stats_files, 1,
+                 "only fio's job child locked; it leaves through _exit and still reports");
+    cr_assert(strstr(pair.with_shim.stats, "\"ended_by\": \"_exit\"") != NULL, "%s",
+              pair.with_shim.stats);
     harness_expect_clean_runtime(&pair.with_shim);
     cr_assert_eq(pair.with_shim.log.process_count, 1, "only the job process uses CUDA");
     const struct fake_log_process *job = &pair.with_shim.log.processes[0];
@@ -476,6 +478,8 @@ Test(realprograms, fio_lockmem_processes, .timeout = 120)
     cr_assert_eq(job->register_ok, model.register_ok);
     cr_assert_eq(job->unregister_ok, model.by_munlock + model.by_munmap);
     cr_assert_eq(job->unregister_calls, job->unregister_ok);
+    cr_assert_eq(harness_stat(&pair.with_shim, "pid"), job->pid);
+    expect_stats_match_model(&pair.with_shim, &model);
     pair_free(&pair);
 }
 
