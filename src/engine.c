@@ -111,6 +111,93 @@ static bool note_error(struct engine *engine, int error, uint32_t *warned)
 static void publish_record_count(struct engine *engine)
 {
     __atomic_store_n(&engine->record_count, engine->registry.count, __ATOMIC_RELAXED);
+    if (engine->registry.count == 0)
+        __atomic_store_n(engine->gate, 0, __ATOMIC_RELAXED);
+}
+
+/* The window's map (see struct engine_free_view): granules [first, last) of
+ * it become covered (mark), or not (unmark), and the distances before them
+ * follow. Only this thread writes the map (under the mutex); a reader may see
+ * a mix of old and new bytes, each a distance that held before or holds
+ * after, so it never clears a block that overlaps a record that stays. */
+static void window_store(uint8_t *map, uintptr_t at, unsigned value)
+{
+    __atomic_store_n(&map[at], (uint8_t)value, __ATOMIC_RELAXED);
+}
+
+static void window_update(struct engine *engine, uintptr_t start, uintptr_t end, bool cover)
+{
+    uint8_t *map = engine->window_bytes;
+    uintptr_t base = engine->free_view.window_base;
+    uintptr_t granules = ENGINE_WINDOW_MAP_BYTES;
+    if (map == NULL || end <= base)
+        return;
+    uintptr_t first = start > base ? (start - base) >> PAGE_INDEX_GRANULE_SHIFT : 0;
+    uintptr_t last = (end - base + PAGE_INDEX_GRANULE - 1) >> PAGE_INDEX_GRANULE_SHIFT;
+    if (first >= granules)
+        return;
+    if (last > granules)
+        last = granules;
+    uintptr_t reach_start = first > ENGINE_WINDOW_REACH ? first - ENGINE_WINDOW_REACH : 0;
+    if (cover) {
+        for (uintptr_t at = first; at < last; at++)
+            window_store(map, at, ENGINE_WINDOW_REACH);
+        for (uintptr_t at = first; at-- > reach_start;) {
+            unsigned value = ENGINE_WINDOW_REACH - (unsigned)(first - at);
+            if (map[at] >= value)
+                break; /* nearer coverage already, from here on down */
+            window_store(map, at, value);
+        }
+        return;
+    }
+    /* Uncovered: each byte from last - 1 down follows from the next one; the
+     * granules before first keep their own coverage. */
+    unsigned next = last < granules ? map[last] : 0;
+    for (uintptr_t at = last; at-- > reach_start;) {
+        unsigned value;
+        if (at < first && map[at] == ENGINE_WINDOW_REACH)
+            value = ENGINE_WINDOW_REACH;
+        else
+            value = next > 0 ? next - 1 : 0;
+        if (at < first && map[at] == value)
+            break; /* unchanged here: unchanged further down */
+        window_store(map, at, value);
+        next = value;
+    }
+}
+
+/* The window goes where the first record is, once; a failed mapping leaves
+ * free on the page index alone. */
+static void window_place(struct engine *engine, uintptr_t address)
+{
+    if (engine->window_placed)
+        return;
+    engine->window_placed = true;
+    engine->free_view.window_base = address & ~(ENGINE_WINDOW_BYTES - 1);
+    engine->window_bytes = internal_map(ENGINE_WINDOW_MAP_BYTES);
+    __atomic_store_n(&engine->free_view.window, engine->window_bytes, __ATOMIC_RELAXED);
+    if (engine->window_bytes != NULL && engine->window_allowed)
+        __atomic_store_n(&engine->free_view.window_size, ENGINE_WINDOW_BYTES, __ATOMIC_RELEASE);
+}
+
+void engine_keep_gate_at(struct engine *engine, uintptr_t *gate)
+{
+    pthread_mutex_lock(&engine->mutex);
+    __atomic_store_n(gate, __atomic_load_n(engine->gate, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_store_n(&engine->free_view.gate, 0, __ATOMIC_RELAXED);
+    engine->gate = gate;
+    pthread_mutex_unlock(&engine->mutex);
+}
+
+void engine_enable_window(struct engine *engine)
+{
+    pthread_mutex_lock(&engine->mutex);
+    engine->window_allowed = true;
+    if (engine->registry.count != 0)
+        __atomic_store_n(&engine->free_view.below, engine->span_start, __ATOMIC_RELAXED);
+    if (engine->window_bytes != NULL)
+        __atomic_store_n(&engine->free_view.window_size, ENGINE_WINDOW_BYTES, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&engine->mutex);
 }
 
 /* Before a record is inserted: the span grows to hold it, or starts at it when
@@ -119,8 +206,11 @@ static void publish_record_count(struct engine *engine)
 static void widen_span_locked(struct engine *engine, uintptr_t start, uintptr_t end)
 {
     bool first = engine->registry.count == 0;
-    if (first || start < engine->span_start)
+    if (first || start < engine->span_start) {
         __atomic_store_n(&engine->span_start, start, __ATOMIC_RELAXED);
+        if (engine->window_allowed)
+            __atomic_store_n(&engine->free_view.below, start, __ATOMIC_RELAXED);
+    }
     if (first || end > engine->span_end)
         __atomic_store_n(&engine->span_end, end, __ATOMIC_RELAXED);
 }
@@ -192,7 +282,10 @@ static struct range_record *insert_record_locked(struct engine *engine,
     struct range_record *stored = range_registry_insert(&engine->registry, record);
     if (stored == NULL)
         return NULL;
+    window_place(engine, record->base);
+    window_update(engine, record->base, record->end, true);
     publish_record_count(engine);
+    __atomic_store_n(engine->gate, engine->span_end - 1, __ATOMIC_RELAXED);
     account_state_locked(engine, stored, 1);
     return stored;
 }
@@ -203,6 +296,7 @@ static void remove_record_locked(struct engine *engine, uintptr_t base)
     if (record == NULL)
         return;
     account_state_locked(engine, record, -1);
+    window_update(engine, record->base, record->end, false);
     range_registry_remove(&engine->registry, base);
     publish_record_count(engine);
 }
@@ -793,6 +887,7 @@ bool engine_init(struct engine *engine, const struct engine_backend *backend,
     pthread_cond_init(&engine->changed, &attributes);
     pthread_condattr_destroy(&attributes);
     engine->backend = backend;
+    engine->gate = &engine->free_view.gate;
     engine->options = *options;
     if (engine->options.page_size < PAGE_INDEX_GRANULE)
         engine->options.page_size = PAGE_INDEX_GRANULE;
@@ -808,6 +903,11 @@ void engine_destroy(struct engine *engine)
 {
     if (engine->registry_ok)
         range_registry_destroy(&engine->registry);
+    internal_unmap(engine->window_bytes, ENGINE_WINDOW_MAP_BYTES);
+    engine->window_bytes = NULL;
+    memset(&engine->free_view, 0, sizeof(engine->free_view));
+    if (engine->gate != NULL)
+        __atomic_store_n(engine->gate, 0, __ATOMIC_RELAXED);
     node_pool_destroy(&engine->piece_pool);
     node_pool_destroy(&engine->waiting_pool);
     pthread_cond_destroy(&engine->changed);
@@ -822,8 +922,15 @@ void engine_reset_after_fork(struct engine *engine)
      * queued work mean nothing to the child. */
     const struct engine_backend *backend = engine->backend;
     struct engine_options options = engine->options;
+    bool window_allowed = engine->window_allowed;
+    uintptr_t *gate = engine->gate;
     engine_destroy(engine);
     engine_init(engine, backend, &options);
+    engine->window_allowed = window_allowed;
+    if (gate != &engine->free_view.gate) {
+        *gate = 0;
+        engine->gate = gate;
+    }
 }
 
 /* ---- entry points ---- */

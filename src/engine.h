@@ -126,6 +126,36 @@ enum engine_failure_rule {
     ENGINE_FAILED_MAY_HAVE_UNMAPPED,    /* mmap(MAP_FIXED): put back what is still mapped */
 };
 
+/* free's lock-free view, read on every free while records exist, written
+ * under the engine's mutex. gate: 0 while no record exists, else one below
+ * the end of the span that holds every record, so that one compare,
+ * "ptr - 1 >= gate", clears a NULL pointer, every block when nothing is
+ * registered, and every block above all records. Then, for blocks that start
+ * inside the window (the aligned 64 GiB region of the first record), one
+ * byte per 4 KiB granule tells how far the next granule a record covers is:
+ * 255 - min(255, distance), so 255 is "covered" and 0 (the kernel's zero
+ * pages: untouched) is "none within 255 granules". A block that starts at
+ * granule g and ends at granule l touches no record when
+ * byte[g] + (l - g) < 255: one load, whatever the block's size. The map runs
+ * 256 granules past the window's end, so a block starting near the end sees
+ * the records just after it. window_size is 0 until block sizes may be read
+ * from glibc's chunk headers (engine_enable_window), or when the map could
+ * not be mapped. window_base, window_size and window are written once. */
+struct engine_free_view {
+    uintptr_t gate;
+    uintptr_t window_base;
+    uintptr_t window_size;
+    const uint8_t *window;
+    /* The span's start while block sizes may be read from headers (else 0):
+     * a block that starts below it and ends below it holds no record. */
+    uintptr_t below;
+} __attribute__((aligned(64)));
+
+#define ENGINE_WINDOW_BYTES ((uintptr_t)64 << 30)
+#define ENGINE_WINDOW_REACH 255 /* granules a byte of the map looks ahead */
+#define ENGINE_WINDOW_MAP_BYTES                                                                    \
+    ((ENGINE_WINDOW_BYTES >> PAGE_INDEX_GRANULE_SHIFT) + ENGINE_WINDOW_REACH + 1)
+
 #define ENGINE_ERROR_SLOTS 32
 #define ENGINE_CLAIMS 64
 #define ENGINE_MAX_DEVICES 64
@@ -146,6 +176,13 @@ struct engine_device_counts {
 };
 
 struct engine {
+    struct engine_free_view free_view;
+    /* Where the gate is kept: free_view.gate, or (engine_keep_gate_at) a
+     * variable of its own that free reads with a RIP-relative compare. */
+    uintptr_t *gate;
+    uint8_t *window_bytes;     /* ENGINE_WINDOW_MAP_BYTES, or NULL */
+    bool window_allowed;       /* engine_enable_window was called */
+    bool window_placed;        /* window_base chosen (at the first record) */
     pthread_mutex_t mutex;
     pthread_cond_t changed; /* claims dropped, worker work */
     struct range_registry registry;
@@ -208,6 +245,42 @@ static inline bool engine_may_overlap(const struct engine *engine, uintptr_t sta
         return false;
     return page_index_any_used_inline(&engine->registry.index, start, end);
 }
+
+/* free's lock-free check for the block at ptr, whose glibc chunk header is
+ * the word before it (read only when the view says headers may be read):
+ * true when the block cannot hold a page any record covers. gate is the
+ * engine's gate (*engine->gate). False means "look further" (the page index,
+ * the allocator's size), never "it holds one". The header word is the chunk
+ * size plus three flag bits: as a size it may reach up to 7 bytes too far,
+ * which at worst sends a block on to the full check. See struct
+ * engine_free_view. */
+static inline bool engine_block_clear_fast(const struct engine *engine, uintptr_t gate,
+                                           const void *ptr)
+{
+    uintptr_t address = (uintptr_t)ptr;
+    if (__builtin_expect(address - 1 >= gate, 1))
+        return true;
+    /* The window's fields are written once (window_size last, when headers
+     * may be read): plain loads, which the compiler folds into the
+     * arithmetic. */
+    const struct engine_free_view *view = &engine->free_view;
+    uintptr_t offset = address - view->window_base;
+    if (offset < view->window_size) {
+        uintptr_t first = offset >> PAGE_INDEX_GRANULE_SHIFT;
+        uintptr_t last = (offset + ((const size_t *)ptr)[-1] - 9) >> PAGE_INDEX_GRANULE_SHIFT;
+        return (uintptr_t)view->window[first] + (last - first) < ENGINE_WINDOW_REACH;
+    }
+    /* Below every record (below is 0 unless headers may be read). */
+    uintptr_t below = __atomic_load_n(&view->below, __ATOMIC_RELAXED);
+    return address < below && address + ((const size_t *)ptr)[-1] - 9 < below;
+}
+
+/* Keeps free_view.gate at *gate instead (zeroed now). */
+void engine_keep_gate_at(struct engine *engine, uintptr_t *gate);
+
+/* Lets free read the window once block sizes may come from glibc's chunk
+ * headers (the checks at the first lock said so). */
+void engine_enable_window(struct engine *engine);
 
 static inline bool engine_has_registrations(const struct engine *engine)
 {

@@ -18,6 +18,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -124,9 +125,12 @@ static inline void ensure_resolved(void)
         resolve_real_functions();
 }
 
+/* Written twice at most (the bootstrap stand-in, then libc's free, with a
+ * release store), an aligned pointer read plainly so that free's tail call
+ * is one memory-indirect jump; both values are valid functions. */
 static inline free_fn real_free(void)
 {
-    return __atomic_load_n(&real.free, __ATOMIC_ACQUIRE);
+    return real.free;
 }
 
 static void bootstrap_free(void *ptr)
@@ -236,18 +240,15 @@ __attribute__((noinline)) static void free_with_registrations(void *ptr)
     runtime_guard_leave();
 }
 
-/* With registrations. A block above every registration is cleared by one
- * load; on glibc's allocator the chunk header, the span's start and one word
- * of the bitmap clear nearly every other block, with no call and no stack
- * frame. The rest (the allocator's size needed, a block over two bitmap
- * words, or one holding a registered page) goes on to the full check. */
+/* With registrations, the block not cleared by free's fast checks: below
+ * the window or outside it, a large block, or one on a registered granule.
+ * On glibc's allocator the chunk header, the span's start and one word of the
+ * page bitmap clear nearly every other block, with no call and no stack
+ * frame; the rest (the allocator's size needed, a block over two bitmap words,
+ * or one holding a registered page) goes on to the full check. */
 __attribute__((noinline)) static void free_while_registered(void *ptr)
 {
     uintptr_t start = (uintptr_t)ptr;
-    if (start >= __atomic_load_n(&runtime_engine.span_end, __ATOMIC_RELAXED)) {
-        real_free()(ptr);
-        return;
-    }
     if (block_ends_from_header()) {
         uintptr_t end = block_extent_glibc_end(ptr);
         if (end <= __atomic_load_n(&runtime_engine.span_start, __ATOMIC_RELAXED) ||
@@ -261,9 +262,16 @@ __attribute__((noinline)) static void free_while_registered(void *ptr)
 
 PINSHIM_EXPORT void free(void *ptr)
 {
-    /* The hot path: one load decides that no registration can be involved;
-     * both ways end in a tail call, so free keeps no stack frame. */
-    if (__builtin_expect(!engine_has_registrations(&runtime_engine), 1) || ptr == NULL) {
+    /* The hot path (engine_block_clear_fast): one compare clears NULL, every
+     * block while nothing is registered and every block above all
+     * registrations; a block in the window is cleared by its chunk header and
+     * one byte of the window's map, one below all registrations by its header.
+     * The gate is an aligned word written under the engine's lock and read
+     * here once, without synchronisation, so the compiler folds the load into
+     * the compare: a reader that sees an old value raced a lock of the very
+     * memory it frees (the program's own race), as with any lock-free check.
+     * Each way ends in a tail call: no stack frame. */
+    if (__builtin_expect(engine_block_clear_fast(&runtime_engine, runtime_free_gate, ptr), 1)) {
         real_free()(ptr);
         return;
     }
@@ -373,6 +381,8 @@ static void choose_block_extent_source(void)
     enum block_extent_source source = block_extent_choose(&allocator);
     runtime_guard_leave();
     __atomic_store_n(&runtime_block_extent_source, (int)source, __ATOMIC_RELAXED);
+    if (source == BLOCK_EXTENT_GLIBC_HEADER)
+        engine_enable_window(&runtime_engine);
     log_debug("free finds block ends with %s", block_extent_source_name(source));
 }
 

@@ -39,6 +39,7 @@
 __thread int runtime_guard_depth __attribute__((tls_model("initial-exec")));
 
 struct engine runtime_engine;
+uintptr_t runtime_free_gate;
 struct pinshim_config runtime_config;
 uintptr_t runtime_page_size = 4096;
 #ifndef MCL_ONFAULT
@@ -494,6 +495,7 @@ static void initialize(void)
     };
     if (!engine_init(&runtime_engine, &cuda_backend, &options))
         log_warn("cannot map memory for the range registry; registration is off");
+    engine_keep_gate_at(&runtime_engine, &runtime_free_gate);
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     warn_if_allocator_precedes_shim();
     if (runtime_config.stats_mode != STATS_NONE)

@@ -29,7 +29,10 @@ static inline void runtime_guard_leave(void)
     runtime_guard_depth--;
 }
 
-extern struct engine runtime_engine;
+extern struct engine runtime_engine PINSHIM_INTERNAL;
+/* The engine's free gate (struct engine_free_view), kept in a variable of its
+ * own: free compares against it without first forming the engine's address. */
+extern uintptr_t runtime_free_gate PINSHIM_INTERNAL;
 /* Where free and realloc learn a block's end (enum block_extent_source): set
  * once by the interposition layer at the first lock that may register, read
  * on the hot path. runtime_block_extent_state: 0 not chosen, 1 being chosen,

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define PAGE ((uintptr_t)4096)
@@ -1087,4 +1088,90 @@ Test(engine, many_ranges_release_and_fill, .timeout = 120)
     engine_get_counters(&engine, &counters);
     cr_assert_eq(counters.unregister_exit, 2 * COUNT);
     cr_assert_not(engine_has_registrations(&engine));
+}
+
+/* ---- free's fast check ---- */
+
+static unsigned next_random(unsigned *state)
+{
+    *state = *state * 1103515245u + 12345u;
+    return *state >> 8;
+}
+
+/* Blocks in [memory, memory + size) with a glibc-like header; checks that the
+ * fast check never clears a block that touches a record's page. Returns how
+ * many it cleared. */
+static size_t check_blocks(char *memory, size_t size, unsigned *seed, size_t count)
+{
+    size_t cleared = 0;
+    for (size_t i = 0; i < count; i++) {
+        uintptr_t offset = 16 + (next_random(seed) % (unsigned)(size - (4 << 20))) / 16 * 16;
+        size_t chunk = next_random(seed) % 8 == 0 ? 32 + (next_random(seed) % (2 << 20)) / 16 * 16
+                                                   : 32 + (next_random(seed) % 16384) / 16 * 16;
+        size_t flags = next_random(seed) % 8;
+        char *ptr = memory + offset;
+        ((size_t *)ptr)[-1] = chunk | flags;
+        uintptr_t end = (uintptr_t)ptr + chunk - ((flags & 2) ? 16 : 8);
+        bool clear = engine_block_clear_fast(&engine, *engine.gate, ptr);
+        if (clear) {
+            cleared++;
+            cr_assert_not(page_index_any_used(&engine.registry.index, (uintptr_t)ptr, end),
+                          "cleared a block [%#lx, %#lx) that touches a record",
+                          (unsigned long)(uintptr_t)ptr, (unsigned long)end);
+        }
+    }
+    return cleared;
+}
+
+Test(engine, free_fast_check_never_clears_a_block_on_a_record, .timeout = 60)
+{
+    size_t size = 256 << 20;
+    char *memory = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    cr_assert_neq(memory, MAP_FAILED);
+    /* A second region 128 GiB further on: outside the window. */
+    char *far = mmap(memory + ((size_t)128 << 30), size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    engine_enable_window(&engine);
+    unsigned seed = 4242;
+    size_t cleared = 0, checked = 0;
+    for (int round = 0; round < 60; round++) {
+        for (int i = 0; i < 20; i++) {
+            char *region = far != MAP_FAILED && next_random(&seed) % 4 == 0 ? far : memory;
+            uintptr_t start = (uintptr_t)region + (next_random(&seed) % (size / PAGE - 64)) * PAGE;
+            size_t pages = 16 + next_random(&seed) % 48;
+            if (next_random(&seed) % 3 == 0)
+                unlock(start, start + pages * PAGE, RELEASE_MUNLOCK);
+            else
+                lock(start + next_random(&seed) % PAGE, pages * PAGE);
+        }
+        cleared += check_blocks(memory, size, &seed, 3000);
+        if (far != MAP_FAILED)
+            cleared += check_blocks(far, size, &seed, 1000);
+        checked += far != MAP_FAILED ? 4000 : 3000;
+    }
+    /* Not vacuous: most blocks are cleared, not all. */
+    cr_assert_gt(cleared, checked / 2, "cleared %zu of %zu", cleared, checked);
+    cr_assert_lt(cleared, checked, "cleared every block");
+    unlock((uintptr_t)memory, (uintptr_t)memory + size, RELEASE_MUNMAP);
+    if (far != MAP_FAILED) {
+        unlock((uintptr_t)far, (uintptr_t)far + size, RELEASE_MUNMAP);
+        munmap(far, size);
+    }
+    munmap(memory, size);
+}
+
+/* With no record, and for blocks above every record, one compare clears. */
+Test(engine, free_fast_check_gate)
+{
+    engine_enable_window(&engine);
+    char block[64];
+    ((size_t *)(block + 16))[-1] = 48;
+    cr_assert(engine_block_clear_fast(&engine, *engine.gate, block + 16), "no record");
+    cr_assert(engine_block_clear_fast(&engine, *engine.gate, NULL));
+    lock(A(0), 64 * PAGE);
+    cr_assert(engine_block_clear_fast(&engine, *engine.gate, NULL), "NULL");
+    cr_assert_eq(*engine.gate, A(64 * PAGE) - 1);
+    unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
+    cr_assert_eq(*engine.gate, 0, "no record: the gate is closed again");
 }
