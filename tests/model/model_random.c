@@ -70,8 +70,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/personality.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -122,6 +124,7 @@ struct settings {
     const char *model_bug;  /* deliberately wrong rule, to prove the checks can fail */
     bool expose_known_bugs; /* with threads, no allowance for race-skipped pages */
     bool trace;             /* print every op with its outcome */
+    double layout_rate;     /* chance per op of starting a layout plan (see make_plan) */
 };
 
 static struct settings settings = {
@@ -133,6 +136,7 @@ static struct settings settings = {
     .kernel_check_every = 100,
     .shrink = true,
     .shrink_budget_seconds = 120,
+    .layout_rate = 0.03,
 };
 
 static uintptr_t page_size;
@@ -246,6 +250,7 @@ struct object {
     size_t pages;
     uint8_t klock[MAX_OBJECT_PAGES]; /* enum kernel_lock */
     uint8_t reg[MAX_OBJECT_PAGES];   /* the shim should have it registered */
+    bool remerged; /* a lock or unlock over it joined VMAs that partial locks had split */
 };
 
 static struct object objects[MAX_SLOTS];
@@ -280,6 +285,7 @@ enum op_kind {
     OP_FORK,
     OP_MLOCK_HOLE,
     OP_MUNLOCK_HOLE,
+    OP_MMAP_BESIDE,
     OP_KIND_COUNT
 };
 
@@ -294,8 +300,13 @@ enum mremap_mode {
     MREMAP_MODE_COUNT
 };
 
-/* mmap and mmap_fixed options (op.flags bits). */
-enum { MMAP_FLAG_LOCKED = 1, MMAP_FLAG_MMAP64 = 2 };
+/* mmap, mmap_fixed and mmap_beside options (op.flags bits). MAP_NORESERVE
+ * leaves VM_ACCOUNT off, so the mapping does not merge with an accounted
+ * neighbour that was ever faulted in: a VMA with no anon_vma, the kind Linux
+ * merges with both neighbours when a range of it moves (see
+ * adopt_kernel_after_dontunmap). BELOW: mmap_beside maps right below its
+ * target object instead of right above it. */
+enum { MMAP_FLAG_LOCKED = 1, MMAP_FLAG_MMAP64 = 2, MMAP_FLAG_NORESERVE = 4, MMAP_FLAG_BELOW = 8 };
 typedef void *(*mmap_function)(void *, size_t, int, int, int, off_t);
 
 /* realloc variants (op.flags). */
@@ -356,6 +367,7 @@ static const struct {
     [OP_FORK] = {"fork", F_SEED | F_FLAGS},
     [OP_MLOCK_HOLE] = {"mlock_hole", F_SLOT | F_OFF},
     [OP_MUNLOCK_HOLE] = {"munlock_hole", F_SLOT | F_OFF},
+    [OP_MMAP_BESIDE] = {"mmap_beside", F_SLOT | F_LEN | F_FLAGS | F_TARGET},
 };
 
 enum exec_result { EXEC_DONE, EXEC_FAILED, EXEC_SKIPPED, EXEC_HARNESS_ERROR };
@@ -377,6 +389,18 @@ enum coverage {
     COVER_DONTUNMAP_NEIGHBOUR_UNLOCKED, /* ... and a locked page beside them lost its lock too */
     COVER_FORK_INHERITED,               /* a child of a process that had loaded the runtime */
     COVER_FORK_FRESH,                   /* a child that may load it itself */
+    /* Layouts (whole-process runs; VMAs from /proc/self/maps before the call): */
+    COVER_DONTUNMAP_TARGET_BELOW, /* DONTUNMAP|FIXED onto the pages right below, in the same VMA */
+    COVER_DONTUNMAP_TARGET_ABOVE, /* ... right above, in the same VMA */
+    COVER_FIXED_TARGET_ADJACENT,  /* a plain FIXED move right below or above, in the same VMA */
+    COVER_TARGET_IN_SOURCE_VMA,   /* a FIXED move whose target overlaps the source's VMAs */
+    COVER_SOURCE_SEVERAL_VMAS,    /* a move (or DONTUNMAP) of a range spanning several VMAs */
+    COVER_SOURCE_REMERGED,        /* a move out of VMAs that partial locks split and joined again */
+    COVER_LOCK_SPLIT_VMA,         /* a lock or unlock that split a VMA */
+    COVER_LOCK_MERGED_VMAS,       /* a lock or unlock after which VMAs merged */
+    COVER_MMAP_MERGED,          /* mmap_beside whose mapping the kernel merged with its neighbour */
+    COVER_GROWN_BESIDE_LOCKED,  /* grown in place next to a locked page */
+    COVER_SHRUNK_BESIDE_LOCKED, /* shrunk in place next to a locked page */
     COVER_COUNT
 };
 
@@ -396,6 +420,17 @@ static const char *const coverage_names[COVER_COUNT] = {
     "dontunmap_neighbour_unlocked",
     "fork_inherited",
     "fork_fresh",
+    "dontunmap_target_below",
+    "dontunmap_target_above",
+    "fixed_target_adjacent",
+    "target_in_source_vma",
+    "source_several_vmas",
+    "source_remerged",
+    "lock_split_vma",
+    "lock_merged_vmas",
+    "mmap_merged",
+    "grown_beside_locked",
+    "shrunk_beside_locked",
 };
 
 /* Outcomes per kind of operation. */
@@ -421,6 +456,8 @@ struct context {
     size_t report_length;
     struct op_counts counts;
     uint64_t checks;
+    struct op plan[4]; /* planned ops still to come (see make_plan) */
+    size_t plan_count, plan_next;
     uint64_t race_skipped_pages;                         /* see adopt_race_skipped_pages */
     uint8_t registered_before[2 * MAX_OBJECT_PAGES + 2]; /* scratch for it */
     /* scratch for checks */
@@ -1119,9 +1156,11 @@ static struct vma vmas[16384];
 static char smaps_buffer[1 << 16];
 static pthread_mutex_t vmas_mutex = PTHREAD_MUTEX_INITIALIZER;
 
-static size_t read_vmas(void)
+/* Reads /proc/self/smaps (VMAs with their lock flag) or, where only the
+ * bounds matter, /proc/self/maps (about 25 times cheaper: no page walk). */
+static size_t read_vmas_from(const char *path)
 {
-    int fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
     size_t count = 0, filled = 0;
@@ -1161,6 +1200,17 @@ static size_t read_vmas(void)
     }
     close(fd);
     return count;
+}
+
+static size_t read_vmas(void)
+{
+    return read_vmas_from("/proc/self/smaps");
+}
+
+/* VMA bounds only, without their flags. */
+static size_t read_vma_bounds(void)
+{
+    return read_vmas_from("/proc/self/maps");
 }
 
 static const struct vma *vma_containing(size_t count, uintptr_t address)
@@ -1271,7 +1321,6 @@ static void span_add_vma_cluster(struct span_set *set, size_t count, uintptr_t s
     span_add(set, from, to);
 }
 
-
 /* ------------------------------------------------------------------------ */
 /* Executing operations against the real functions and the model.           */
 
@@ -1370,6 +1419,110 @@ static enum exec_result exec_allocate(struct context *context, const struct op *
     return EXEC_DONE;
 }
 
+static int mmap_flags(const struct op *op)
+{
+    return MAP_PRIVATE | MAP_ANONYMOUS | (op->flags & MMAP_FLAG_LOCKED ? MAP_LOCKED : 0) |
+           (op->flags & MMAP_FLAG_NORESERVE ? MAP_NORESERVE : 0);
+}
+
+/* PROCMAP_QUERY (Linux 6.11): one VMA by address, without reading all of
+ * /proc/self/maps (the layout probes run at most ops). Declared here: older
+ * headers lack it. */
+struct procmap_query {
+    uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
+        vma_offset, inode;
+    uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+    uint64_t vma_name_addr, build_id_addr;
+};
+#define PROCMAP_QUERY_IOCTL _IOWR('f', 17, struct procmap_query)
+#define PROCMAP_QUERY_COVERING_OR_NEXT_VMA 0x10
+
+static int procmap_fd = -1;
+static pid_t procmap_pid;
+static bool procmap_unsupported;
+
+/* The VMA holding address, or the first one above it: false if none (or when
+ * the kernel cannot say, *unsupported). Only the whole-process context calls
+ * it, so no lock. */
+static bool procmap_query(uintptr_t address, uintptr_t *start, uintptr_t *end, bool *unsupported)
+{
+    *unsupported = procmap_unsupported;
+    if (procmap_unsupported)
+        return false;
+    if (procmap_fd < 0 || procmap_pid != getpid()) {
+        /* A fork child must not ask about its parent's address space. */
+        if (procmap_fd >= 0)
+            close(procmap_fd);
+        procmap_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+        procmap_pid = getpid();
+    }
+    struct procmap_query query;
+    memset(&query, 0, sizeof(query));
+    query.size = sizeof(query);
+    query.query_flags = PROCMAP_QUERY_COVERING_OR_NEXT_VMA;
+    query.query_addr = address;
+    if (procmap_fd < 0 || ioctl(procmap_fd, PROCMAP_QUERY_IOCTL, &query) != 0) {
+        if (procmap_fd < 0 || errno != ENOENT)
+            procmap_unsupported = *unsupported = true;
+        return false;
+    }
+    *start = query.vma_start;
+    *end = query.vma_end;
+    return true;
+}
+
+/* The VMAs touching [start, end), bounds only: returns how many, and the
+ * first and the last in *first and *last when there are any. Asks
+ * PROCMAP_QUERY, or reads /proc/self/maps where the kernel lacks it. */
+static size_t vma_bounds_over(uintptr_t start, uintptr_t end, struct vma *first, struct vma *last)
+{
+    size_t touched = 0;
+    uintptr_t cursor = start, from, to;
+    bool unsupported;
+    while (cursor < end && procmap_query(cursor, &from, &to, &unsupported) && from < end) {
+        if (touched++ == 0 && first != NULL)
+            *first = (struct vma){from, to, false};
+        if (last != NULL)
+            *last = (struct vma){from, to, false};
+        cursor = to;
+    }
+    if (!unsupported)
+        return touched;
+    touched = 0;
+    pthread_mutex_lock(&vmas_mutex);
+    size_t count = read_vma_bounds();
+    for (size_t i = 0; i < count; i++) {
+        if (vmas[i].start >= end || vmas[i].end <= start)
+            continue;
+        if (touched++ == 0 && first != NULL)
+            *first = vmas[i];
+        if (last != NULL)
+            *last = vmas[i];
+    }
+    pthread_mutex_unlock(&vmas_mutex);
+    return touched;
+}
+
+/* Layout probes of whole-process runs (threads do not look): how many VMAs
+ * [start, end) touches now. */
+static size_t vmas_over(struct context *context, uintptr_t start, uintptr_t end)
+{
+    return context->whole_process ? vma_bounds_over(start, end, NULL, NULL) : 0;
+}
+
+/* Whether the VMA holding start begins below it or the one holding end - 1
+ * ends above end (whole-process runs only). */
+static bool vma_reaches_beyond(struct context *context, uintptr_t start, uintptr_t end)
+{
+    struct vma first, last;
+    if (!context->whole_process || vma_bounds_over(start, end, &first, &last) == 0)
+        return false;
+    return first.start < start || last.end > end;
+}
+
+/* mmap (op->kind OP_MMAP) anywhere, or (OP_MMAP_BESIDE) with
+ * MAP_FIXED_NOREPLACE right above or below the map object in op->target, so
+ * that the kernel may merge the two into one VMA. */
 static enum exec_result exec_mmap(struct context *context, const struct op *op)
 {
     if (op->slot < context->slot_first || op->slot >= context->slot_end || objects[op->slot].live)
@@ -1379,12 +1532,28 @@ static enum exec_result exec_mmap(struct context *context, const struct op *op)
         return EXEC_SKIPPED;
     bool locked = op->flags & MMAP_FLAG_LOCKED;
     mmap_function map = op->flags & MMAP_FLAG_MMAP64 ? mmap64 : mmap;
-    char *pointer = map(NULL, op->length, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | (locked ? MAP_LOCKED : 0), -1, 0);
+    uintptr_t want = 0;
+    int flags = mmap_flags(op);
+    if (op->kind == OP_MMAP_BESIDE) {
+        const struct object *beside = slot_object(context, op->target);
+        if (beside == NULL || beside->kind != OBJECT_MAP ||
+            ((op->flags & MMAP_FLAG_BELOW) && beside->start < pages * page_size))
+            return EXEC_SKIPPED;
+        want = op->flags & MMAP_FLAG_BELOW ? beside->start - pages * page_size : object_end(beside);
+        flags |= MAP_FIXED_NOREPLACE;
+    }
+    char *pointer = map((void *)want, op->length, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (pointer == MAP_FAILED) {
         if (locked && (errno == EAGAIN || errno == ENOMEM))
             return EXEC_FAILED; /* RLIMIT_MEMLOCK */
+        if (op->kind == OP_MMAP_BESIDE && errno == EEXIST)
+            return EXEC_FAILED; /* something is mapped there */
         return harness_error(context, op, "mmap failed");
+    }
+    if (op->kind == OP_MMAP_BESIDE && (uintptr_t)pointer != want) {
+        /* A kernel without MAP_FIXED_NOREPLACE took the address as a hint. */
+        munmap(pointer, op->length);
+        return EXEC_FAILED;
     }
     for (uintptr_t page = (uintptr_t)pointer; page < (uintptr_t)pointer + pages * page_size;
          page += page_size)
@@ -1399,7 +1568,30 @@ static enum exec_result exec_mmap(struct context *context, const struct op *op)
     object->pages = pages;
     memset(object->klock, locked ? KLOCK_YES : KLOCK_NO, pages);
     memset(object->reg, locked && register_on_lock(op->length), pages);
+    if (op->kind == OP_MMAP_BESIDE && vma_reaches_beyond(context, want, object_end(object)))
+        cover(context, COVER_MMAP_MERGED);
     return EXEC_DONE;
+}
+
+/* After a lock or unlock of [start, end) in a whole-process run: whether it
+ * split a VMA or joined VMAs, from how many VMAs [start, end) and its
+ * neighbouring pages touched before (vmas_before) and touch now. */
+static void note_vma_change(struct context *context, uintptr_t start, uintptr_t end,
+                            size_t vmas_before)
+{
+    if (!context->whole_process)
+        return;
+    size_t vmas_after = vmas_over(context, start - page_size, end + page_size);
+    if (vmas_after > vmas_before) {
+        cover(context, COVER_LOCK_SPLIT_VMA);
+    } else if (vmas_after < vmas_before) {
+        cover(context, COVER_LOCK_MERGED_VMAS);
+        for (uintptr_t page = start; page < end; page += page_size) {
+            struct object *holder = object_at(context, page);
+            if (holder != NULL)
+                holder->remerged = true;
+        }
+    }
 }
 
 static enum exec_result exec_lock(struct context *context, const struct op *op)
@@ -1408,6 +1600,9 @@ static enum exec_result exec_lock(struct context *context, const struct op *op)
     uintptr_t address, start, end;
     if (object == NULL || !lock_target(context, object, op, &address, &start, &end))
         return EXEC_SKIPPED;
+    size_t vmas_before = object->kind == OBJECT_MAP
+                             ? vmas_over(context, start - page_size, end + page_size)
+                             : SIZE_MAX;
     int result;
     if (op->kind == OP_MLOCK) {
         result = mlock((void *)address, op->length);
@@ -1421,6 +1616,8 @@ static enum exec_result exec_lock(struct context *context, const struct op *op)
         if (had_registered)
             cover(context, COVER_MUNLOCK_REGISTERED);
         model_set(context, start, end, KLOCK_NO, model_bug("munlock-keeps") ? KEEP : 0);
+        if (vmas_before != SIZE_MAX)
+            note_vma_change(context, start, end, vmas_before);
         return EXEC_DONE;
     }
     if (result != 0) {
@@ -1432,6 +1629,8 @@ static enum exec_result exec_lock(struct context *context, const struct op *op)
     }
     model_set(context, start, end, KLOCK_YES, register_on_lock(op->length) ? 1 : KEEP);
     cover(context, op->length >= min_bytes ? COVER_LOCK_REGISTERING : COVER_LOCK_SMALL);
+    if (vmas_before != SIZE_MAX)
+        note_vma_change(context, start, end, vmas_before);
     return EXEC_DONE;
 }
 
@@ -1488,8 +1687,8 @@ static enum exec_result exec_mmap_fixed(struct context *context, const struct op
         return EXEC_FAILED;
     }
     bool had_registered = any_registered(context, start, end);
-    void *result = map((void *)address, op->length, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (locked ? MAP_LOCKED : 0), -1, 0);
+    void *result =
+        map((void *)address, op->length, PROT_READ | PROT_WRITE, mmap_flags(op) | MAP_FIXED, -1, 0);
     if (address % page_size != 0) {
         if (result != MAP_FAILED || errno != EINVAL)
             return harness_error(context, op, "MAP_FIXED at an unaligned address did not fail");
@@ -1507,6 +1706,72 @@ static enum exec_result exec_mmap_fixed(struct context *context, const struct op
     if (had_registered)
         cover(context, COVER_MAP_FIXED_REGISTERED);
     return EXEC_DONE;
+}
+
+/* The layout around an mremap before the call (whole-process runs). */
+struct remap_layout {
+    bool looked;
+    size_t source_vmas;     /* VMAs the old range touches */
+    bool target_below_same; /* the target ends at the old range, inside the same VMA */
+    bool target_above_same; /* the target starts at its end, inside the same VMA */
+    bool target_in_source;  /* the target overlaps the VMAs of the old range */
+    bool source_remerged;   /* see struct object */
+    bool locked_neighbour;  /* the page right below or right above is a locked model page */
+};
+
+static bool page_locked_in_model(struct context *context, uintptr_t address)
+{
+    const struct object *holder = object_at(context, address);
+    return holder != NULL && holder->klock[(address - holder->start) / page_size] == KLOCK_YES;
+}
+
+/* target: 0 unless MREMAP_FIXED. */
+static struct remap_layout remap_layout_before(struct context *context, uintptr_t address,
+                                               uintptr_t old_end, uintptr_t target,
+                                               size_t new_pages)
+{
+    struct remap_layout layout = {0};
+    if (!context->whole_process)
+        return layout;
+    layout.looked = true;
+    const struct object *source = object_at(context, address);
+    layout.source_remerged = source != NULL && source->remerged;
+    layout.locked_neighbour = page_locked_in_model(context, address - page_size) ||
+                              page_locked_in_model(context, old_end);
+    struct vma first, last;
+    layout.source_vmas = vma_bounds_over(address, old_end, &first, &last);
+    if (target != 0 && layout.source_vmas > 0) {
+        uintptr_t target_end = target + new_pages * page_size;
+        layout.target_below_same = target_end == address && first.start < address;
+        layout.target_above_same = target == old_end && last.end > old_end;
+        layout.target_in_source = target < last.end && target_end > first.start;
+    }
+    return layout;
+}
+
+/* After a successful mremap: moved (the pages went elsewhere, or DONTUNMAP),
+ * resized (in place: new pages minus old pages). */
+static void cover_remap_layout(struct context *context, const struct remap_layout *layout,
+                               bool moved, bool fixed, bool dontunmap, int resized)
+{
+    if (!layout->looked)
+        return;
+    if (fixed && dontunmap && layout->target_below_same)
+        cover(context, COVER_DONTUNMAP_TARGET_BELOW);
+    if (fixed && dontunmap && layout->target_above_same)
+        cover(context, COVER_DONTUNMAP_TARGET_ABOVE);
+    if (fixed && !dontunmap && (layout->target_below_same || layout->target_above_same))
+        cover(context, COVER_FIXED_TARGET_ADJACENT);
+    if (fixed && layout->target_in_source)
+        cover(context, COVER_TARGET_IN_SOURCE_VMA);
+    if (moved && layout->source_vmas >= 2)
+        cover(context, COVER_SOURCE_SEVERAL_VMAS);
+    if (moved && layout->source_remerged)
+        cover(context, COVER_SOURCE_REMERGED);
+    if (resized > 0 && layout->locked_neighbour)
+        cover(context, COVER_GROWN_BESIDE_LOCKED);
+    if (resized < 0 && layout->locked_neighbour)
+        cover(context, COVER_SHRUNK_BESIDE_LOCKED);
 }
 
 /* A successful mremap(MREMAP_DONTUNMAP): the old range, where it went, and
@@ -1675,6 +1940,9 @@ static enum exec_result exec_mremap(struct context *context, const struct op *op
         flags |= MREMAP_DONTUNMAP;
     }
 
+    struct remap_layout layout =
+        remap_layout_before(context, address, old_end, fixed ? target : 0, new_pages);
+
     /* What moves: the old pages' states, and for growth the old last page's. */
     uint8_t klock[MAX_OBJECT_PAGES], reg[MAX_OBJECT_PAGES];
     for (size_t page = 0; page < new_pages; page++) {
@@ -1709,6 +1977,8 @@ static enum exec_result exec_mremap(struct context *context, const struct op *op
         cover(context, COVER_MREMAP_FIXED);
     if (dontunmap)
         cover(context, COVER_MREMAP_DONTUNMAP);
+    cover_remap_layout(context, &layout, moved_to != address || dontunmap, fixed, dontunmap,
+                       moved_to == address ? (int)new_pages - (int)old_pages : 0);
     if (moved_to == address) {
         if (new_pages < old_pages)
             cover(context, COVER_MREMAP_SHRUNK);
@@ -1900,6 +2170,7 @@ static enum exec_result execute(struct context *context, const struct op *op, si
     case OP_ALIGNED_ALLOC:
         return exec_allocate(context, op);
     case OP_MMAP:
+    case OP_MMAP_BESIDE:
         return exec_mmap(context, op);
     case OP_MLOCK:
     case OP_MLOCK2:
@@ -2024,6 +2295,263 @@ static uint64_t pick_heap_size(struct context *context)
     return rng_between(rng, 320 * 1024, 520 * 1024);
 }
 
+/* ---- Layout plans ----
+ * A few ops built together so that a whole-process run reaches, on purpose,
+ * the layouts where the kernel's VMA splits and merges decide what stays
+ * locked (issue 9: a machine whose layout differed met a merge the model did
+ * not know). Each op is an ordinary op, recorded and replayed as such; when
+ * an earlier op of a plan fails, the later ones are skipped or act on what
+ * is there. The coverage counters (COVER_DONTUNMAP_TARGET_BELOW ...) say
+ * whether the layouts were reached, from the kernel's VMAs, not from the
+ * plan. */
+
+enum plan_kind {
+    PLAN_SPLIT_MOVE,           /* lock a middle part (split), maybe join again, move across */
+    PLAN_ADJACENT_MOVE,        /* lock, then move pages right below or above, same mapping */
+    PLAN_MMAP_BESIDE,          /* map next to a mapping (merge), lock one, resize the other */
+    PLAN_RESIZE_BESIDE_LOCKED, /* grow or shrink in place next to locked pages */
+    PLAN_KIND_COUNT
+};
+
+static struct op plan_op(enum op_kind kind, int slot)
+{
+    struct op op;
+    memset(&op, 0, sizeof(op));
+    op.kind = kind;
+    op.slot = slot;
+    op.target = -1;
+    return op;
+}
+
+static struct op plan_lock(struct context *context, int slot, size_t first, size_t count)
+{
+    bool onfault = rng_chance(&context->rng, 0.5);
+    struct op op = plan_op(onfault ? OP_MLOCK2 : OP_MLOCK, slot);
+    op.offset = first * page_size;
+    op.length = count * page_size;
+    op.flags = onfault ? MLOCK_ONFAULT : 0;
+    return op;
+}
+
+static struct object *pick_map_with(struct context *context, size_t min_pages)
+{
+    int candidates[MAX_SLOTS];
+    int count = 0;
+    for (int slot = context->slot_first; slot < context->slot_end; slot++)
+        if (objects[slot].live && objects[slot].kind == OBJECT_MAP &&
+            objects[slot].pages >= min_pages)
+            candidates[count++] = slot;
+    return count ? &objects[candidates[rng_below(&context->rng, (uint64_t)count)]] : NULL;
+}
+
+/* A move of pages [first, first + count) of the n-page map object in slot:
+ * mostly MREMAP_FIXED (with or without DONTUNMAP) onto the pages right below
+ * or above, or elsewhere in the same mapping; sometimes DONTUNMAP or a plain
+ * move to where the kernel likes. */
+static struct op plan_move(struct context *context, int slot, size_t n, size_t first, size_t count)
+{
+    uint64_t *rng = &context->rng;
+    struct op op = plan_op(OP_MREMAP, slot);
+    op.offset = first * page_size;
+    op.length = op.size = count * page_size;
+    unsigned choice = (unsigned)rng_below(rng, 100);
+    op.flags = choice < 40   ? MREMAP_MODE_DONTUNMAP_FIXED
+               : choice < 70 ? MREMAP_MODE_FIXED
+               : choice < 90 ? MREMAP_MODE_DONTUNMAP
+                             : MREMAP_MODE_MAYMOVE;
+    if (op.flags != MREMAP_MODE_FIXED && op.flags != MREMAP_MODE_DONTUNMAP_FIXED)
+        return op;
+    bool below = first >= count, above = first + 2 * count <= n;
+    unsigned where = (unsigned)rng_below(rng, 3); /* below, above, elsewhere */
+    if (where == 0 && !below)
+        where = above ? 1 : 2;
+    if (where == 1 && !above)
+        where = below ? 0 : 2;
+    op.target = slot;
+    if (where == 0) {
+        op.target_offset = (first - count) * page_size;
+    } else if (where == 1) {
+        op.target_offset = (first + count) * page_size;
+    } else if (first >= count + 1) {
+        op.target_offset = rng_below(rng, first - count) * page_size;
+    } else if (first + 2 * count + 1 <= n) {
+        op.target_offset = rng_between(rng, first + count + 1, n - count) * page_size;
+    } else {
+        op.target = -1;
+        op.flags = op.flags == MREMAP_MODE_FIXED ? MREMAP_MODE_MAYMOVE : MREMAP_MODE_DONTUNMAP;
+    }
+    return op;
+}
+
+/* Fills context->plan; false when no plan fits the objects there are now. */
+static bool make_plan(struct context *context, bool can_create)
+{
+    uint64_t *rng = &context->rng;
+    struct op *plan = context->plan;
+    size_t count = 0;
+    switch ((enum plan_kind)rng_below(rng, PLAN_KIND_COUNT)) {
+    case PLAN_SPLIT_MOVE: {
+        /* mlock of a middle part splits the VMA in three; munlock of it, or
+         * a lock of the whole, may join them again. The move spans where a
+         * boundary was. */
+        struct object *object = pick_map_with(context, 6);
+        if (object == NULL)
+            return false;
+        int slot = (int)(object - objects);
+        size_t n = object->pages;
+        size_t low = rng_between(rng, 1, n - 3), high = rng_between(rng, low + 1, n - 2);
+        plan[count++] = plan_lock(context, slot, low, high - low);
+        if (rng_chance(rng, 0.6)) {
+            struct op join = plan[0];
+            if (rng_chance(rng, 0.5)) {
+                join.kind = OP_MUNLOCK;
+                join.flags = 0;
+            } else {
+                join.offset = 0;
+                join.length = n * page_size;
+            }
+            plan[count++] = join;
+        }
+        size_t boundary = rng_chance(rng, 0.5) ? low : high;
+        size_t first = rng_between(rng, boundary > 3 ? boundary - 3 : 0, boundary - 1);
+        size_t last = rng_between(rng, boundary + 1, boundary + 3 < n ? boundary + 3 : n);
+        plan[count++] = plan_move(context, slot, n, first, last - first);
+        break;
+    }
+    case PLAN_ADJACENT_MOVE: {
+        /* Issue 9's seed 18: lock (often on fault, in a fresh mapping that
+         * was never faulted in), then move a few pages onto the ones right
+         * below or above, inside the same mapping. */
+        int slot;
+        size_t n;
+        if (can_create && rng_chance(rng, 0.5)) {
+            slot = free_slot(context);
+            n = rng_between(rng, 4, 48);
+            struct op map = plan_op(OP_MMAP, slot);
+            map.length = n * page_size;
+            map.flags = rng_chance(rng, 0.8) ? MMAP_FLAG_NORESERVE : 0;
+            plan[count++] = map;
+        } else {
+            struct object *object = pick_map_with(context, 3);
+            if (object == NULL)
+                return false;
+            slot = (int)(object - objects);
+            n = object->pages;
+        }
+        size_t moved = rng_between(rng, 1, n / 3 < 4 ? n / 3 : 4);
+        bool below = rng_chance(rng, 0.5);
+        size_t first =
+            below ? rng_between(rng, moved, n - moved) : rng_below(rng, n - 2 * moved + 1);
+        size_t target = below ? first - moved : first + moved;
+        size_t low = below ? target : first, high = below ? first + moved : target + moved;
+        size_t lock_low = rng_chance(rng, 0.5) ? 0 : rng_between(rng, 0, low);
+        size_t lock_high = rng_chance(rng, 0.5) ? n : rng_between(rng, high, n);
+        if (rng_chance(rng, 0.85)) {
+            /* Mostly on fault: mlock faults the pages in, and a VMA that was
+             * faulted in does not merge with its neighbours when moved. */
+            plan[count] = plan_lock(context, slot, lock_low, lock_high - lock_low);
+            plan[count].kind = rng_chance(rng, 0.75) ? OP_MLOCK2 : OP_MLOCK;
+            plan[count].flags = plan[count].kind == OP_MLOCK2 ? MLOCK_ONFAULT : 0;
+            count++;
+        }
+        struct op move = plan_op(OP_MREMAP, slot);
+        move.offset = first * page_size;
+        move.length = move.size = moved * page_size;
+        move.flags = rng_chance(rng, 0.7) ? MREMAP_MODE_DONTUNMAP_FIXED : MREMAP_MODE_FIXED;
+        move.target = slot;
+        move.target_offset = target * page_size;
+        plan[count++] = move;
+        break;
+    }
+    case PLAN_MMAP_BESIDE: {
+        /* A mapping right above or below another, which the kernel merges
+         * with it when their flags agree; then locks across or beside the
+         * seam, and an in-place resize next to the locked one. */
+        struct object *object = pick_map_with(context, 1);
+        if (object == NULL || !can_create)
+            return false;
+        int beside = (int)(object - objects), slot = free_slot(context);
+        size_t pages = rng_between(rng, 1, 32);
+        bool below = rng_chance(rng, 0.5);
+        struct op map = plan_op(OP_MMAP_BESIDE, slot);
+        map.length = pages * page_size;
+        map.target = beside;
+        /* Half the time locked as the neighbouring page is, so that the
+         * flags agree and the kernel can merge the two. */
+        bool neighbour_locked = object->klock[below ? 0 : object->pages - 1] == KLOCK_YES;
+        bool locked = rng_chance(rng, 0.5) ? neighbour_locked : rng_chance(rng, 0.3);
+        map.flags = (below ? MMAP_FLAG_BELOW : 0) | (locked ? MMAP_FLAG_LOCKED : 0) |
+                    (rng_chance(rng, 0.2) ? MMAP_FLAG_NORESERVE : 0);
+        plan[count++] = map;
+        int lower = below ? slot : beside, upper = below ? beside : slot;
+        size_t lower_pages = below ? pages : object->pages;
+        size_t upper_pages = below ? object->pages : pages;
+        unsigned choice = (unsigned)rng_below(rng, 3);
+        if (choice == 0) {
+            /* Across the seam. */
+            size_t from = rng_below(rng, lower_pages);
+            plan[count] = plan_lock(context, lower, from, lower_pages - from);
+            plan[count++].length += rng_between(rng, 1, upper_pages) * page_size;
+        } else {
+            /* Lock one whole, shrink (or grow) the other in place beside it. */
+            bool lock_upper = choice == 1;
+            size_t other_pages = lock_upper ? lower_pages : upper_pages;
+            plan[count++] = plan_lock(context, lock_upper ? upper : lower, 0,
+                                      lock_upper ? upper_pages : lower_pages);
+            struct op resize = plan_op(OP_MREMAP, lock_upper ? lower : upper);
+            resize.flags = MREMAP_MODE_IN_PLACE;
+            size_t first = lock_upper ? rng_below(rng, other_pages) : 0;
+            size_t span = lock_upper ? other_pages - first : rng_between(rng, 1, other_pages);
+            resize.offset = first * page_size;
+            resize.length = span * page_size;
+            resize.size = (span > 1 && rng_chance(rng, 0.7) ? rng_between(rng, 1, span - 1)
+                                                            : span + rng_between(rng, 1, 4)) *
+                          page_size;
+            plan[count++] = resize;
+        }
+        break;
+    }
+    case PLAN_RESIZE_BESIDE_LOCKED: {
+        /* Unmap the top of a mapping (room to grow into), lock the part
+         * below a range, then grow or shrink the range in place; or lock the
+         * part above a range and shrink it. */
+        struct object *object = pick_map_with(context, 6);
+        if (object == NULL)
+            return false;
+        int slot = (int)(object - objects);
+        size_t n = object->pages, hole = rng_between(rng, 1, 3), top = n - hole;
+        size_t split = rng_between(rng, 1, top - 2);
+        struct op unmap = plan_op(OP_MUNMAP, slot);
+        unmap.offset = top * page_size;
+        unmap.length = hole * page_size;
+        plan[count++] = unmap;
+        struct op resize = plan_op(OP_MREMAP, slot);
+        resize.flags = MREMAP_MODE_IN_PLACE;
+        if (rng_chance(rng, 0.7)) {
+            plan[count++] = plan_lock(context, slot, 0, split);
+            size_t span = top - split;
+            resize.offset = split * page_size;
+            resize.length = span * page_size;
+            resize.size = (span > 1 && rng_chance(rng, 0.4) ? rng_between(rng, 1, span - 1)
+                                                            : span + rng_between(rng, 1, hole)) *
+                          page_size;
+        } else {
+            plan[count++] = plan_lock(context, slot, split, top - split);
+            resize.offset = 0;
+            resize.length = split * page_size;
+            resize.size = (split > 1 ? rng_between(rng, 1, split - 1) : 1) * page_size;
+        }
+        plan[count++] = resize;
+        break;
+    }
+    case PLAN_KIND_COUNT:
+        return false;
+    }
+    context->plan_count = count;
+    context->plan_next = 0;
+    return count > 0;
+}
+
 static bool generate_op(struct context *context, struct op *op)
 {
     uint64_t *rng = &context->rng;
@@ -2034,6 +2562,15 @@ static bool generate_op(struct context *context, struct op *op)
     bool have_map = pick_object(context, is_map) != NULL;
     bool have_pages = pick_object(context, has_pages) != NULL;
 
+    if (context->plan_next < context->plan_count) {
+        *op = context->plan[context->plan_next++];
+        return true;
+    }
+    if (context->whole_process && rng_chance(rng, settings.layout_rate) &&
+        make_plan(context, free_slot(context) >= 0 && !must_shrink)) {
+        *op = context->plan[context->plan_next++];
+        return true;
+    }
     memset(op, 0, sizeof(*op));
     op->slot = op->target = -1;
     if (context->whole_process && !in_fork_child && rng_chance(rng, settings.fork_rate)) {
@@ -2329,6 +2866,7 @@ static void init_process_context(struct context *context, int slot_end, size_t c
     context->object_cap = cap;
     context->whole_process = true;
     context->rng = seed;
+    context->plan_count = context->plan_next = 0;
 }
 
 /* The child of a fork op: same objects, no locks (Linux does not inherit
@@ -2569,6 +3107,46 @@ static void shrink(const struct op *failing, size_t count, int failure_class)
     free(candidate);
 }
 
+/* What this kernel does with the layouts the plans aim at, found once before
+ * any op with raw system calls (the shim does not see them) on a scratch
+ * mapping that PROT_NONE guards keep apart from every other VMA. A test
+ * requires the counters that only such a kernel can reach only where the
+ * probe found it. */
+static struct {
+    bool dontunmap_merges;   /* a DONTUNMAP move onto the page right below, in a locked
+                                mapping never faulted in, unlocks the pages below too */
+    bool moves_several_vmas; /* MREMAP_FIXED moves a range that spans several VMAs (6.17) */
+} kernel_does;
+
+static void probe_kernel(void)
+{
+    uintptr_t page = page_size;
+    long mapped = syscall(SYS_mmap, NULL, 18 * page, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mapped == -1)
+        return;
+    char *guarded = (char *)mapped, *scratch = guarded + page;
+    if (syscall(SYS_mprotect, scratch, 16 * page, PROT_READ | PROT_WRITE) == 0 &&
+        syscall(SYS_mlock2, scratch, 8 * page, MLOCK_ONFAULT) == 0) {
+        if (syscall(SYS_mremap, scratch + 5 * page, page, page,
+                    MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, scratch + 4 * page) != -1) {
+            pthread_mutex_lock(&vmas_mutex);
+            size_t count = read_vmas();
+            const struct vma *vma = vma_containing(count, (uintptr_t)scratch);
+            kernel_does.dontunmap_merges = vma != NULL && !vma->locked;
+            pthread_mutex_unlock(&vmas_mutex);
+        }
+        syscall(SYS_munlock, scratch, 16 * page);
+        /* Pages 8-10 span three VMAs once page 9 alone is locked. */
+        if (syscall(SYS_mlock, scratch + 9 * page, page) == 0)
+            kernel_does.moves_several_vmas =
+                syscall(SYS_mremap, scratch + 8 * page, 3 * page, 3 * page,
+                        MREMAP_MAYMOVE | MREMAP_FIXED, scratch + 13 * page) != -1;
+        syscall(SYS_munlock, scratch, 16 * page);
+    }
+    syscall(SYS_munmap, guarded, 18 * page);
+}
+
 static int finish_single(struct context *context, enum step_verdict verdict, size_t index)
 {
     if (settings.record_path) {
@@ -2582,10 +3160,12 @@ static int finish_single(struct context *context, enum step_verdict verdict, siz
         if (!settings.quiet) {
             print_counts(stdout, &context->counts);
             printf("summary seed=%" PRIu64 " ops=%zu checks=%" PRIu64 " register_calls=%" PRIu64
-                   " unregister_calls=%" PRIu64 " layout=%s\n",
+                   " unregister_calls=%" PRIu64 " layout=%s kernel_dontunmap_merges=%d"
+                   " kernel_moves_several_vmas=%d\n",
                    settings.seed, context->op_count, context->checks,
                    fake_calls(FAKE_CALL_REGISTER), fake_calls(FAKE_CALL_UNREGISTER),
-                   layout_fixed ? "fixed" : "randomised");
+                   layout_fixed ? "fixed" : "randomised", kernel_does.dontunmap_merges,
+                   kernel_does.moves_several_vmas);
         }
         printf("PASS\n");
         return EXIT_AGREE;
@@ -3011,6 +3591,8 @@ int main(int argc, char **argv)
                 settings.shrink_budget_seconds = strtod(value, NULL);
             else if (strcmp(arg, "--inject-model-bug") == 0)
                 settings.model_bug = value;
+            else if (strcmp(arg, "--layout-rate") == 0)
+                settings.layout_rate = strtod(value, NULL);
             else
                 return usage();
         }
@@ -3036,6 +3618,10 @@ int main(int argc, char **argv)
     static char stdout_buffer[1 << 16];
     setvbuf(stdout, stdout_buffer, _IOLBF, sizeof(stdout_buffer));
 
+    /* MODEL_RANDOM_NO_PROCMAP=1: read /proc/self/maps as on kernels before 6.11. */
+    procmap_unsupported = getenv("MODEL_RANDOM_NO_PROCMAP") != NULL;
+    if (settings.threads == 1)
+        probe_kernel();
     if (settings.replay_path)
         return run_replay();
     if (settings.threads > 1)

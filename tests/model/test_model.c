@@ -59,12 +59,45 @@ static int run_model(struct child_result *result, const char *const *args,
     return child_run(argv, environment, NULL, result);
 }
 
+/* The layouts model_random's plans aim at (its COVER_DONTUNMAP_TARGET_BELOW
+ * ...), as its coverage line names them. The last two only a kernel that does
+ * so can reach (see kernel_* below). */
+enum layout {
+    DONTUNMAP_TARGET_BELOW,       /* MREMAP_DONTUNMAP|FIXED onto the pages right below, same VMA */
+    DONTUNMAP_TARGET_ABOVE,       /* ... right above */
+    FIXED_TARGET_ADJACENT,        /* a plain MREMAP_FIXED move right below or above, same VMA */
+    TARGET_IN_SOURCE_VMA,         /* an MREMAP_FIXED target overlapping the source's own VMAs */
+    SOURCE_REMERGED,              /* a move out of VMAs that partial locks split and joined again */
+    LOCK_SPLIT_VMA,               /* a lock or unlock that split a VMA */
+    LOCK_MERGED_VMAS,             /* a lock or unlock after which VMAs merged again */
+    MMAP_MERGED,                  /* an mmap right beside a mapping, merged into one VMA with it */
+    GROWN_BESIDE_LOCKED,          /* an in-place growth next to locked pages */
+    SHRUNK_BESIDE_LOCKED,         /* an in-place shrink next to locked pages */
+    SOURCE_SEVERAL_VMAS,          /* a move of a range spanning several VMAs (Linux 6.17) */
+    DONTUNMAP_NEIGHBOUR_UNLOCKED, /* a DONTUNMAP move merged with its neighbours, which lost
+                                     their lock too (issue 9, seed 18) */
+    LAYOUT_COUNT
+};
+
+static const char *const layout_keys[LAYOUT_COUNT] = {
+    " dontunmap_target_below=", " dontunmap_target_above=",
+    " fixed_target_adjacent=",  " target_in_source_vma=",
+    " source_remerged=",        " lock_split_vma=",
+    " lock_merged_vmas=",       " mmap_merged=",
+    " grown_beside_locked=",    " shrunk_beside_locked=",
+    " source_several_vmas=",    " dontunmap_neighbour_unlocked=",
+};
+
 /* What runs reached, summed from their "coverage:" and "summary" lines. */
 struct coverage_totals {
     uint64_t lock_registering, lock_small, munlock_registered, munmap_registered,
         map_fixed_registered, free_registered, mremap_moved, mremap_grown, mremap_shrunk,
         mremap_fixed, mremap_dontunmap, fork_inherited, fork_fresh, ops, register_calls;
+    uint64_t layouts[LAYOUT_COUNT];
     bool layout_fixed; /* every run summed had address-space randomisation off */
+    /* Every run's kernel probe found that the kernel moves several VMAs at
+     * once, and that a DONTUNMAP move merges with its neighbours. */
+    bool kernel_moves_several_vmas, kernel_dontunmap_merges;
     unsigned runs;
 };
 
@@ -92,12 +125,18 @@ static void add_coverage(struct coverage_totals *totals, const char *out)
     totals->mremap_dontunmap += number_after(line, " mremap_dontunmap=");
     totals->fork_inherited += number_after(line, " fork_inherited=");
     totals->fork_fresh += number_after(line, " fork_fresh=");
+    for (int layout = 0; layout < LAYOUT_COUNT; layout++)
+        totals->layouts[layout] += number_after(line, layout_keys[layout]);
     const char *summary = strstr(out, "summary ");
     cr_assert_not_null(summary, "no summary line in:\n%s", out);
     totals->ops += number_after(summary, " ops=");
     totals->register_calls += number_after(summary, " register_calls=");
-    totals->layout_fixed =
-        (totals->runs == 0 || totals->layout_fixed) && strstr(summary, " layout=fixed") != NULL;
+    bool first = totals->runs == 0;
+    totals->layout_fixed = (first || totals->layout_fixed) && strstr(summary, " layout=fixed");
+    totals->kernel_moves_several_vmas = (first || totals->kernel_moves_several_vmas) &&
+                                        strstr(summary, " kernel_moves_several_vmas=1");
+    totals->kernel_dontunmap_merges =
+        (first || totals->kernel_dontunmap_merges) && strstr(summary, " kernel_dontunmap_merges=1");
     totals->runs++;
 }
 
@@ -130,6 +169,22 @@ static void expect_broad_coverage(const struct coverage_totals *totals)
     cr_expect_gt(totals->mremap_fixed, 0);
 }
 
+/* The layouts where the kernel's VMA splits and merges decide what stays
+ * locked, reached on purpose (model_random's plans): a layout that stops
+ * being reached (another kernel, another address-space layout) fails here
+ * rather than passing silently. */
+static void expect_layout_coverage(const struct coverage_totals *totals)
+{
+    for (int layout = 0; layout < SOURCE_SEVERAL_VMAS; layout++)
+        cr_expect_gt(totals->layouts[layout], 0, "layout%snever reached", layout_keys[layout]);
+    if (totals->kernel_moves_several_vmas)
+        cr_expect_gt(totals->layouts[SOURCE_SEVERAL_VMAS], 0,
+                     "the kernel moves several VMAs at once, but no run did");
+    if (totals->kernel_dontunmap_merges)
+        cr_expect_gt(totals->layouts[DONTUNMAP_NEIGHBOUR_UNLOCKED], 0,
+                     "the kernel merges a DONTUNMAP move with its neighbours, but no run met it");
+}
+
 /* Seeds [first, first + count), single-threaded, with extra (NULL-terminated)
  * arguments after --seed S --ops N. */
 static void run_seeds(unsigned first, unsigned count, const char *ops, const char *const *extra,
@@ -156,6 +211,7 @@ static void run_seeds(unsigned first, unsigned count, const char *ops, const cha
         run_seeds(first, 10, "2000", NULL, (struct run_options){0}, &totals);                      \
         cr_assert_eq(totals.ops, 20000);                                                           \
         expect_broad_coverage(&totals);                                                            \
+        expect_layout_coverage(&totals);                                                           \
     }
 VOLUME_TEST(volume_seeds_1_to_10, 1)
 VOLUME_TEST(volume_seeds_11_to_20, 11)
@@ -173,6 +229,7 @@ VOLUME_TEST(volume_seeds_41_to_50, 41)
         const char *extra[] = {"--kernel-check-every", "25", "--fork-rate", "0.005", NULL};        \
         run_seeds(first, 10, "1500", extra, (struct run_options){.smaps_checks = true}, &totals);  \
         expect_broad_coverage(&totals);                                                            \
+        expect_layout_coverage(&totals);                                                           \
         cr_expect_gt(totals.mremap_dontunmap, 0);                                                  \
         cr_expect_gt(totals.fork_inherited, 0);                                                    \
     }
