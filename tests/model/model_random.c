@@ -18,15 +18,28 @@
  *   - free/realloc end the registration of every page overlapping the
  *     allocation (the pages stay locked in the kernel);
  *   - mremap carries the registration of the moved pages, and a grown
- *     mapping's new tail is registered when its old last page was; with
- *     MREMAP_DONTUNMAP, Linux unlocks every VMA the old range touches, so
- *     nothing there stays registered;
+ *     mapping's new tail is registered when its old last page was;
+ *   - with MREMAP_DONTUNMAP, Linux unlocks every VMA the old range touches,
+ *     and, depending on VMA merges (that is on the address-space layout),
+ *     the moved range and its neighbours too: there the model takes the
+ *     kernel's word (/proc/self/smaps) and a page stays registered only if it
+ *     was (or its source was) and is still locked; the layout-independent
+ *     part of the rule stays as a check (adopt_kernel_after_dontunmap);
  *   - posix_memalign of at least max(PINSHIM_MIN_BYTES, 64K) returns whole
  *     pages, page aligned;
  *   - a fork child starts with no registration and, when the parent had
  *     loaded the runtime, never calls it;
  *   - with threads, a lock leaves unregistered the pages an unlock running
  *     meanwhile touches (the shim's race rule; see adopt_race_skipped_pages).
+ *
+ * Single-threaded runs also build short plans of ordinary ops that reach, on
+ * purpose, the layouts where VMA splits and merges decide what stays locked
+ * (moves onto the pages right below or above in the same mapping, sources
+ * spanning VMAs that partial locks split and joined again, mmaps merged with
+ * a neighbour, resizes next to locked pages; see make_plan), and count from
+ * the kernel's VMAs which layouts they reached (the coverage line). A probe
+ * at start (raw system calls, unseen by the shim) says what the kernel does
+ * with them (the summary's kernel_* fields).
  *
  * Heap objects are modelled by their interior pages only (pages wholly inside
  * the requested bytes), and every lock of a heap object stays inside them, so
@@ -37,9 +50,21 @@
  *                     [--record FILE] [--replay FILE] [--no-shrink]
  *                     [--shrunk-out FILE] [--shrink-budget SECONDS] [--quiet]
  *                     [--trace] [--expose-known-bugs] [--inject-model-bug NAME]
+ *                     [--layout-rate R] [--share [--pair-rounds N]
+ *                     [--pair-delay-us U]]
  * --threads T (2..8): T threads on their own objects, checking their own
  * pages after every op; every --barrier-every ops all wait while one checks
  * the whole process (and sometimes calls munlockall or forks).
+ * --share (with --threads): the threads work in disjoint windows of pages of
+ * mappings the main thread locked whole, so one registration holds several
+ * threads' pages; at every barrier --pair-rounds (default 4) paired releases
+ * let two threads release pieces of one registration at the same moment, one
+ * of them up to --pair-delay-us (default 0) late (see share_setup). Meant to
+ * run also under tests/faults/slow_runtime.c (PINSHIM_CUDART, with
+ * SLOW_RUNTIME_UNREGISTER_MS) to widen the window.
+ * --layout-rate R: chance per op of starting a layout plan (default 0.03).
+ * MODEL_RANDOM_NO_PROCMAP=1: read VMA bounds from /proc/self/maps instead of
+ * PROCMAP_QUERY (what kernels before 6.11 get anyway).
  * --kernel-check-every N: also compare the model's view of the kernel (mapped,
  * locked) with /proc/self/smaps every N ops.
  * --expose-known-bugs: with threads, do not allow for the pages the shim
@@ -64,6 +89,7 @@
 #include <inttypes.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -125,6 +151,9 @@ struct settings {
     bool expose_known_bugs; /* with threads, no allowance for race-skipped pages */
     bool trace;             /* print every op with its outcome */
     double layout_rate;     /* chance per op of starting a layout plan (see make_plan) */
+    bool share;             /* threads work in windows of shared mappings (see share_setup) */
+    size_t pair_rounds;     /* with share: paired releases per barrier (see pair_setup) */
+    unsigned pair_delay_us; /* with share: one thread of a pair starts up to this much later */
 };
 
 static struct settings settings = {
@@ -374,6 +403,9 @@ enum exec_result { EXEC_DONE, EXEC_FAILED, EXEC_SKIPPED, EXEC_HARNESS_ERROR };
 
 /* Interesting situations a run reached, so a test can tell it was not vacuous. */
 enum coverage {
+    COVER_SHARED_RELEASE,       /* with share: a release of part of a registration that also holds
+                                   another thread's pages */
+    COVER_PAIRED_RELEASE,       /* with share: one side of a paired release */
     COVER_LOCK_REGISTERING,     /* a successful lock of at least PINSHIM_MIN_BYTES */
     COVER_LOCK_SMALL,           /* a successful lock below it */
     COVER_MUNLOCK_REGISTERED,   /* munlock over registered pages */
@@ -405,6 +437,8 @@ enum coverage {
 };
 
 static const char *const coverage_names[COVER_COUNT] = {
+    "shared_release",
+    "paired_release",
     "lock_registering",
     "lock_small",
     "munlock_registered",
@@ -457,6 +491,10 @@ struct context {
     struct op_counts counts;
     uint64_t checks;
     struct op plan[4]; /* planned ops still to come (see make_plan) */
+    struct op pair_op; /* with share: this thread's part of the next paired release */
+    bool has_pair_op;
+    int pair;               /* which pair */
+    unsigned pair_delay_us; /* how long it waits after its partner arrived */
     size_t plan_count, plan_next;
     uint64_t race_skipped_pages;                         /* see adopt_race_skipped_pages */
     uint8_t registered_before[2 * MAX_OBJECT_PAGES + 2]; /* scratch for it */
@@ -1077,8 +1115,10 @@ static bool check_runtime(struct context *context, const struct context *scope)
     size_t differences =
         report_difference(context, "registered, should not be:", context->actual, actual,
                           context->expected, expected) +
-        report_difference(context, "should be registered, is not:", context->expected, expected,
-                          context->actual, actual);
+        (settings.share && !scope->whole_process
+             ? 0 /* another thread's release may hold this thread's pages out for a moment */
+             : report_difference(context, "should be registered, is not:", context->expected,
+                                 expected, context->actual, actual));
     if (differences)
         ok = false;
 
@@ -1784,17 +1824,21 @@ struct dontunmap_call {
  * VMAs around the old range and the target are still locked.
  *
  * Linux clears VM_LOCKED on "the old VMA" once the pages have moved
- * (dontunmap_complete in mm/mremap.c). Since 6.17 the new range is merged
- * with its neighbours (the VMA before it and the VMA after it, which with a
- * target just below or above the source is the old VMA itself) before that
- * happens, and when the merge swallows the old VMA the "old VMA" is the merged
- * one: the moved pages and the neighbour it merged with lose their lock too.
- * Whether the VMAs merge depends on their anon_vma (which mappings were ever
- * faulted in, split or moved), that is on the address-space layout: the same
- * call leaves [0, 96K) of a 120K mapping locked in a bare program and unlocks
- * all of it in model_random's own layout (issue 9, seed 18; kept as
- * regression_dontunmap_fixed_below_merge.txt). A rule in the model would hold
- * on one machine and fail on the next.
+ * (mm/mremap.c). The new range is first merged, where it can be, with its
+ * neighbours (the VMA before it and the VMA after it, which with a target just
+ * below or above the source is the source's own VMA), and when the merge
+ * swallows the source's VMA the "old VMA" is the merged one: the moved pages
+ * and the neighbour they merged with lose their lock too (seen on Linux 6.18;
+ * issue 9 dates it from 6.17). Whether they merge depends on the layout: a
+ * range moved out of a VMA that has no anon_vma (never faulted in, e.g.
+ * locked with MLOCK_ONFAULT, and never merged into a VMA that was) gets the
+ * page offset of its new address and merges with both neighbours; one with an
+ * anon_vma keeps its old offset and merges with neither. So the same call
+ * leaves [0, 96K) of a 120K mapping locked in a bare program (where mmap
+ * placed the mapping against an older, faulted-in VMA and merged it into
+ * that) and unlocks all of it in model_random's own layout (issue 9, seed 18;
+ * kept as regression_dontunmap_fixed_below_merge.txt). A rule in the model
+ * would hold on one machine and fail on the next.
  *
  * So every model page in the VMAs the old range, the target and their
  * adjacent neighbours touched before the call, and in the VMAs those pages
@@ -3275,7 +3319,15 @@ static int run_replay(void)
 
 /* ---- multi-threaded runs ---- */
 
-static pthread_barrier_t barrier;
+/* The paired releases of the current pair round. */
+struct pair_plan {
+    int threads[2];
+    uintptr_t start, end; /* the region */
+    char what[256];       /* for a failure report */
+};
+static struct pair_plan pair_plans[MAX_THREADS / 2];
+static size_t pair_count;
+static int pair_arrivals[MAX_THREADS / 2];
 
 static void thread_failure(struct context *context, enum step_verdict verdict, size_t index)
 {
@@ -3288,12 +3340,411 @@ static void thread_failure(struct context *context, enum step_verdict verdict, s
         print_op(stdout, index, &context->ops[index]);
     }
     print_report(context);
+    for (size_t p = 0; p < pair_count; p++)
+        printf("  pair %zu of this pair round: %s\n", p, pair_plans[p].what);
     printf("thread %d sequence (%zu ops; threads interleave, so replay by seed only):\n",
            context->index, context->op_count);
     print_sequence(stdout, context->ops, context->op_count);
     printf("FAILED-AT %zu\n", index);
     fflush(stdout);
     _exit(verdict == STEP_HARNESS ? EXIT_HARNESS : EXIT_DISAGREE);
+}
+
+/* ---- threads sharing mappings (--share) ----
+ *
+ * Without --share each thread works on mappings of its own, so no
+ * registration ever holds two threads' pages. With --share the main thread
+ * (thread 0, at a barrier, while the others wait) maps regions, locks each
+ * whole (one registration), and hands every thread a window of pages in them:
+ * a map object in that thread's slots. The threads then lock, unlock, unmap,
+ * map over (MAP_FIXED) and shrink in place (mremap) inside their own windows
+ * at the same time, so releases split one registration from several threads
+ * at once.
+ *
+ * The per-page model stays exact: a page is only ever changed by the thread
+ * that owns it, and the shim's rule for a lock racing an unlock of a SHARED
+ * PAGE (adopt_race_skipped_pages) does not apply, because windows are whole
+ * disjoint pages: no allowance is made for race-skipped pages. One allowance
+ * is needed: while thread A releases its part of a registration, the rest of
+ * it, thread B's pages included, is unregistered and registered again, so
+ * B's own check after an op may find its pages missing for a moment. So a
+ * thread checks after each op only that nothing of its own is registered that
+ * should not be; the full check, both ways, runs at every barrier, when all
+ * threads wait.
+ *
+ * The dangerous interleaving is reached on purpose, not by luck: at every
+ * barrier, --pair-rounds times, the main thread maps one region per pair of
+ * threads, locks it whole (one registration) and cuts it into pieces owned by
+ * the two threads: halves, or a lower, middle and upper piece where one
+ * thread releases the middle and the other the upper (a release of the
+ * middle registers the lower rest first and the upper rest after it, so the
+ * upper piece is out of the registry meanwhile), or four pieces. Both
+ * threads leave a barrier, meet at a spin rendezvous and release their piece
+ * at once (munlock, munmap, MAP_FIXED over it, or an in-place shrink); one of
+ * them may wait up to --pair-delay-us first, so that with a runtime whose
+ * cudaHostUnregister is slow (tests/faults/slow_runtime.c) it lands inside
+ * the other's release. Then the main thread checks the whole process. */
+
+static pthread_barrier_t barrier;
+
+static void share_failure(enum step_verdict verdict, const char *where)
+{
+    struct context *context = &process_context;
+    pthread_mutex_lock(&output_mutex);
+    printf("FAILURE (%s) seed=%" PRIu64 " %s\n",
+           verdict == STEP_HARNESS ? "harness error" : "model and runtime disagree", settings.seed,
+           where);
+    for (size_t p = 0; p < pair_count; p++)
+        printf("  pair %zu: %s\n", p, pair_plans[p].what);
+    print_report(context);
+    printf("FAILED-AT %s\n", where);
+    fflush(stdout);
+    _exit(verdict == STEP_HARNESS ? EXIT_HARNESS : EXIT_DISAGREE);
+}
+
+/* Checks the whole process (all threads wait), both ways. */
+static void share_check(const char *where)
+{
+    struct context *context = &process_context;
+    if (context->report_length != 0 || !check_runtime(context, context))
+        share_failure(STEP_DISAGREE, where);
+}
+
+/* Unmaps every live object of [start, end) (any thread's); all threads wait. */
+static void share_unmap_objects(uintptr_t start, uintptr_t end)
+{
+    struct context *context = &process_context;
+    for (int slot = context->slot_first; slot < context->slot_end; slot++) {
+        struct object *object = &objects[slot];
+        while (object->live && object->start < end && object_end(object) > start) {
+            uintptr_t from = object->start, to = object_end(object);
+            if (munmap((void *)from, to - from) != 0) {
+                report(context, "harness: munmap of a window failed (errno %d)\n", errno);
+                share_failure(STEP_HARNESS, "unmapping windows");
+            }
+            if (!model_unmap(context, from, to))
+                share_failure(STEP_HARNESS, "unmapping windows");
+        }
+    }
+}
+
+/* Maps pages, locks them whole in one call (or as asked), and gives
+ * [first[i], first[i] + pages[i]) to owner[i]'s context as a map object;
+ * stores each object's slot in slots[i]. lock_kind: 0 mmap MAP_LOCKED, 1
+ * mlock, 2 mlock2 MLOCK_ONFAULT, 3 none. Returns the region's start. */
+static uintptr_t share_map_region(size_t total, const size_t *first, const size_t *pages,
+                                  const int *owner, int *slots, size_t count, int lock_kind)
+{
+    struct context *context = &process_context;
+    size_t length = total * page_size;
+    char *region = mmap(NULL, length, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | (lock_kind == 0 ? MAP_LOCKED : 0), -1, 0);
+    if (region == MAP_FAILED && lock_kind == 0) {
+        lock_kind = 3; /* RLIMIT_MEMLOCK */
+        region = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    if (region == MAP_FAILED) {
+        report(context, "harness: mmap of %zu pages for windows failed (errno %d)\n", total, errno);
+        share_failure(STEP_HARNESS, "mapping windows");
+    }
+    int result = lock_kind == 1   ? mlock(region, length)
+                 : lock_kind == 2 ? mlock2(region, length, MLOCK_ONFAULT)
+                                  : 0;
+    bool locked = lock_kind != 3;
+    if (result != 0) {
+        munlock(region, length); /* a failed lock may have locked part */
+        locked = false;
+    }
+    static uint8_t klock[MAX_OBJECT_PAGES * MAX_THREADS], reg[MAX_OBJECT_PAGES * MAX_THREADS];
+    memset(klock, locked ? KLOCK_YES : KLOCK_NO, total);
+    memset(reg, locked && register_on_lock(length), total);
+    for (size_t i = 0; i < count; i++) {
+        struct context *thread = &thread_contexts[owner[i]];
+        uintptr_t start = (uintptr_t)region + first[i] * page_size;
+        if (!model_add_map(thread, start, pages[i], klock + first[i], reg + first[i]))
+            share_failure(STEP_HARNESS, "handing out windows");
+        slots[i] = (int)(object_at(thread, start) - objects);
+    }
+    return (uintptr_t)region;
+}
+
+/* Windows for the next stretch of ops: what the threads left of the last ones
+ * is unmapped (and must leave nothing registered), and one or two regions,
+ * each locked whole, are cut into one window per thread, in a random order. */
+static void share_setup(size_t round)
+{
+    struct context *context = &process_context;
+    uint64_t *rng = &context->rng;
+    share_unmap_objects(0, UINTPTR_MAX);
+    char where[96];
+    snprintf(where, sizeof(where), "after unmapping the windows of round %zu", round);
+    share_check(where);
+    int count = settings.threads;
+    size_t regions = rng_between(rng, 1, 2);
+    for (size_t r = 0; r < regions; r++) {
+        size_t first[MAX_THREADS], pages[MAX_THREADS], total = 0;
+        int owner[MAX_THREADS], slots[MAX_THREADS];
+        for (int t = 0; t < count; t++)
+            owner[t] = t;
+        for (int t = count - 1; t > 0; t--) {
+            int other = (int)rng_below(rng, (uint64_t)t + 1), keep = owner[t];
+            owner[t] = owner[other];
+            owner[other] = keep;
+        }
+        for (int t = 0; t < count; t++) {
+            pages[t] = rng_between(rng, 4, 32);
+            first[t] = total;
+            total += pages[t];
+        }
+        unsigned choice = (unsigned)rng_below(rng, 10);
+        int lock_kind = choice < 2 ? 0 : choice < 7 ? 1 : choice < 9 ? 2 : 3;
+        share_map_region(total, first, pages, owner, slots, (size_t)count, lock_kind);
+    }
+    snprintf(where, sizeof(where), "after handing out the windows of round %zu", round);
+    share_check(where);
+}
+
+static void describe_op(char *out, size_t size, int thread, const struct op *op)
+{
+    char line[160];
+    format_op(op, line, sizeof(line));
+    snprintf(out, size, "thread %d: %s", thread, line);
+}
+
+/* One pair round: for each pair of threads, a region locked whole (one
+ * registration), cut into pieces the two own; each thread gets the release
+ * of one of its pieces as its pair op. All threads wait meanwhile. */
+static void pair_setup(size_t round, size_t pair_round)
+{
+    struct context *context = &process_context;
+    uint64_t *rng = &context->rng;
+    int count = settings.threads, order[MAX_THREADS];
+    for (int t = 0; t < count; t++)
+        order[t] = t;
+    for (int t = count - 1; t > 0; t--) {
+        int other = (int)rng_below(rng, (uint64_t)t + 1), keep = order[t];
+        order[t] = order[other];
+        order[other] = keep;
+    }
+    pair_count = (size_t)count / 2;
+    for (size_t p = 0; p < pair_count; p++) {
+        struct pair_plan *plan = &pair_plans[p];
+        int a = order[2 * p], b = order[2 * p + 1];
+        plan->threads[0] = a;
+        plan->threads[1] = b;
+        /* Pieces and who releases which: halves; lower, middle (a) and upper
+         * (b); or four pieces with random owners. */
+        unsigned pattern = (unsigned)rng_below(rng, 10);
+        size_t pieces = pattern < 4 ? 2 : pattern < 8 ? 3 : 4;
+        int owner[4];
+        size_t release[2];
+        if (pieces == 2) {
+            owner[0] = a;
+            owner[1] = b;
+            release[0] = 0;
+            release[1] = 1;
+        } else if (pieces == 3) {
+            owner[0] = rng_chance(rng, 0.5) ? a : b;
+            owner[1] = a;
+            owner[2] = b;
+            release[0] = 1;
+            release[1] = 2;
+        } else {
+            for (size_t i = 0; i < 4; i++)
+                owner[i] = rng_chance(rng, 0.5) ? a : b;
+            owner[rng_below(rng, 2)] = a;
+            owner[2 + rng_below(rng, 2)] = b;
+            for (int side = 0; side < 2; side++) {
+                size_t own[4], n = 0;
+                for (size_t i = 0; i < 4; i++)
+                    if (owner[i] == plan->threads[side])
+                        own[n++] = i;
+                release[side] = own[rng_below(rng, n)];
+            }
+        }
+        size_t first[4], pages[4], total = 0;
+        for (size_t i = 0; i < pieces; i++) {
+            pages[i] = rng_between(rng, 4, 48);
+            first[i] = total;
+            total += pages[i];
+        }
+        unsigned choice = (unsigned)rng_below(rng, 10);
+        int lock_kind = choice < 1 ? 0 : choice < 8 ? 1 : 2;
+        int slots[4];
+        plan->start = share_map_region(total, first, pages, owner, slots, pieces, lock_kind);
+        plan->end = plan->start + total * page_size;
+        size_t written = (size_t)snprintf(plan->what, sizeof(plan->what),
+                                          "%zu pieces of %zu pages at %#lx, lock %d;", pieces,
+                                          total, (unsigned long)plan->start, lock_kind);
+        /* Who may start late: with three pieces the one releasing the upper
+         * piece, so that it comes while the middle's release is under way. */
+        unsigned late = pieces == 3 ? 1 : (unsigned)rng_below(rng, 2);
+        for (int side = 0; side < 2; side++) {
+            struct context *thread = &thread_contexts[plan->threads[side]];
+            size_t piece = release[side];
+            struct op op;
+            memset(&op, 0, sizeof(op));
+            op.slot = slots[piece];
+            op.target = -1;
+            op.length = pages[piece] * page_size;
+            unsigned kind = (unsigned)rng_below(rng, 10);
+            if (kind < 5) {
+                op.kind = OP_MUNLOCK;
+            } else if (kind < 8) {
+                op.kind = OP_MUNMAP;
+            } else if (kind < 9) {
+                op.kind = OP_MMAP_FIXED;
+            } else {
+                op.kind = OP_MREMAP;
+                op.flags = MREMAP_MODE_IN_PLACE;
+                op.size = (pages[piece] / 2) * page_size;
+            }
+            thread->pair_op = op;
+            thread->has_pair_op = true;
+            thread->pair = (int)p;
+            thread->pair_delay_us =
+                (unsigned)side == late
+                    ? (unsigned)rng_between(rng, settings.pair_delay_us / 4, settings.pair_delay_us)
+                    : 0;
+            char line[200];
+            describe_op(line, sizeof(line), plan->threads[side], &op);
+            if (written < sizeof(plan->what))
+                written += (size_t)snprintf(plan->what + written, sizeof(plan->what) - written,
+                                            " %s (piece %zu, %u us late);", line, piece,
+                                            thread->pair_delay_us);
+        }
+        __atomic_store_n(&pair_arrivals[p], 0, __ATOMIC_RELEASE);
+    }
+    char where[96];
+    snprintf(where, sizeof(where), "setting up pair round %zu of round %zu", pair_round, round);
+    share_check(where);
+}
+
+/* After the threads' paired releases (all wait again): everything agrees,
+ * and once the pieces are gone nothing of them stays registered. */
+static void pair_finish(size_t round, size_t pair_round)
+{
+    char where[96];
+    snprintf(where, sizeof(where), "at paired release %zu of round %zu", pair_round, round);
+    share_check(where);
+    for (size_t p = 0; p < pair_count; p++)
+        share_unmap_objects(pair_plans[p].start, pair_plans[p].end);
+    snprintf(where, sizeof(where), "after unmapping paired release %zu of round %zu", pair_round,
+             round);
+    share_check(where);
+    pair_count = 0;
+}
+
+/* An op inside this thread's windows: lock, unlock, unmap, map over, or
+ * shrink in place. */
+static bool generate_share_op(struct context *context, struct op *op)
+{
+    uint64_t *rng = &context->rng;
+    memset(op, 0, sizeof(*op));
+    op->slot = op->target = -1;
+    op->kind = OP_MUNLOCK;
+    struct object *object = pick_object(context, has_pages);
+    if (object == NULL)
+        return true; /* nothing left in its windows: skipped */
+    op->slot = (int)(object - objects);
+    unsigned choice = (unsigned)rng_below(rng, 100);
+    if (choice >= 90 && object->pages < 2)
+        choice = 0;
+    if (choice < 30) {
+        op->kind = OP_MLOCK;
+    } else if (choice < 40) {
+        op->kind = OP_MLOCK2;
+        op->flags = rng_chance(rng, 0.5) ? MLOCK_ONFAULT : 0;
+    } else if (choice < 70) {
+        op->kind = OP_MUNLOCK;
+    } else if (choice < 80) {
+        op->kind = OP_MUNMAP;
+    } else if (choice < 90) {
+        op->kind = OP_MMAP_FIXED;
+        op->flags = rng_chance(rng, 0.4) ? MMAP_FLAG_LOCKED : 0;
+    } else {
+        uint64_t first = rng_below(rng, object->pages - 1);
+        uint64_t count = rng_between(rng, 2, object->pages - first);
+        op->kind = OP_MREMAP;
+        op->flags = MREMAP_MODE_IN_PLACE;
+        op->offset = first * page_size;
+        op->length = count * page_size;
+        op->size = rng_between(rng, 1, count - 1) * page_size;
+        return true;
+    }
+    pick_span(context, object->pages, &op->offset, &op->length);
+    if (op->kind == OP_MUNMAP || op->kind == OP_MMAP_FIXED) {
+        op->offset = op->offset / page_size * page_size;
+        if (op->length == 0)
+            op->length = 1;
+    }
+    struct object *next = next_adjacent(context, object);
+    if (next != NULL && rng_chance(rng, 0.3) && op->length > 0)
+        op->length =
+            object->pages * page_size - op->offset + rng_between(rng, 1, next->pages * page_size);
+    return true;
+}
+
+/* Whether op releases pages of a registration that also holds pages this
+ * thread does not own (another thread's window). */
+static bool releases_shared_registration(struct context *context, const struct op *op)
+{
+    const struct object *object = slot_object(context, op->slot);
+    if (object == NULL || object->kind != OBJECT_MAP || !load_fake() ||
+        (op->kind != OP_MUNLOCK && op->kind != OP_MUNMAP && op->kind != OP_MMAP_FIXED &&
+         op->kind != OP_MREMAP))
+        return false;
+    uintptr_t start = page_floor(object->start + op->offset);
+    uintptr_t end = page_ceil(object->start + op->offset + op->length);
+    if (op->kind == OP_MREMAP)
+        start = page_ceil(object->start + op->offset + op->size);
+    size_t count = fake.snapshot(context->snapshot, MAX_RANGES);
+    for (size_t i = 0; i < count; i++) {
+        uintptr_t base = context->snapshot[i].base, stop = base + context->snapshot[i].size;
+        if (base < end && stop > start &&
+            (object_at(context, base) == NULL || object_at(context, stop - 1) == NULL))
+            return true;
+    }
+    return false;
+}
+
+/* Runs this thread's part of a paired release: meets its partner at a spin
+ * rendezvous, maybe waits a little more, and releases its piece. */
+static void run_pair_op(struct context *context)
+{
+    int *arrivals = &pair_arrivals[context->pair];
+    __atomic_add_fetch(arrivals, 1, __ATOMIC_ACQ_REL);
+    for (unsigned spins = 1; __atomic_load_n(arrivals, __ATOMIC_ACQUIRE) < 2; spins++)
+        if (spins % 256 == 0)
+            sched_yield(); /* more threads than cores */
+    if (context->pair_delay_us > 0) {
+        struct timespec start, now;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        do
+            clock_gettime(CLOCK_MONOTONIC, &now);
+        while ((uint64_t)(now.tv_sec - start.tv_sec) * 1000000000u +
+                   (uint64_t)(now.tv_nsec - start.tv_nsec) <
+               (uint64_t)context->pair_delay_us * 1000u);
+    }
+    struct op op = context->pair_op;
+    context->has_pair_op = false;
+    if (!record_op(context, &op)) {
+        report(context, "harness: no room for the pair op\n");
+        thread_failure(context, STEP_HARNESS, context->op_count);
+    }
+    size_t index = context->op_count - 1;
+    bool shared = releases_shared_registration(context, &op);
+    enum exec_result result = execute(context, &op, index);
+    count_result(context, &op, result);
+    if (result == EXEC_HARNESS_ERROR)
+        thread_failure(context, STEP_HARNESS, index);
+    if (result == EXEC_DONE) {
+        cover(context, COVER_PAIRED_RELEASE);
+        if (shared)
+            cover(context, COVER_SHARED_RELEASE);
+    }
+    if (context->report_length != 0 || !check_runtime(context, context))
+        thread_failure(context, STEP_DISAGREE, index);
 }
 
 /* At a barrier, every other thread waits: check the whole process, reclaim,
@@ -3306,13 +3757,16 @@ static void barrier_duties(size_t round)
     memset(&op, 0, sizeof(op));
     op.slot = op.target = -1;
     enum step_verdict verdict = STEP_OK;
+    const char *what = "check";
     if (rng_chance(&context->rng, 0.1)) {
         op.kind = OP_MUNLOCKALL;
+        what = op_info[op.kind].name;
         verdict = step(context, &op, round);
     } else if (rng_chance(&context->rng, settings.fork_rate * (double)settings.barrier_every)) {
         op.kind = OP_FORK;
         op.seed = rng_next(&context->rng);
         op.flags = rng_between(&context->rng, 10, 60);
+        what = op_info[op.kind].name;
         verdict = step(context, &op, round);
     } else {
         context->checks++;
@@ -3324,7 +3778,7 @@ static void barrier_duties(size_t round)
         pthread_mutex_lock(&output_mutex);
         printf("FAILURE (%s) seed=%" PRIu64 " at barrier %zu (%s)\n",
                verdict == STEP_HARNESS ? "harness error" : "model and runtime disagree",
-               settings.seed, round, op_info[op.kind].name);
+               settings.seed, round, what);
         print_report(context);
         printf("FAILED-AT barrier %zu\n", round);
         fflush(stdout);
@@ -3383,16 +3837,27 @@ static void *thread_main(void *argument)
 {
     struct context *context = argument;
     size_t rounds = (settings.ops + settings.barrier_every - 1) / settings.barrier_every;
-    size_t index = 0;
+    size_t done = 0;
+    if (settings.share) {
+        pthread_barrier_wait(&barrier);
+        if (context->index == 0)
+            share_setup(0);
+        pthread_barrier_wait(&barrier);
+    }
     for (size_t round = 0; round < rounds; round++) {
-        for (size_t k = 0; k < settings.barrier_every && index < settings.ops; k++, index++) {
+        for (size_t k = 0; k < settings.barrier_every && done < settings.ops; k++, done++) {
             struct op op;
-            if (!generate_op(context, &op) || !record_op(context, &op)) {
+            bool generated =
+                settings.share ? generate_share_op(context, &op) : generate_op(context, &op);
+            if (!generated || !record_op(context, &op)) {
                 report(context, "harness: cannot generate an op\n");
-                thread_failure(context, STEP_HARNESS, index);
+                thread_failure(context, STEP_HARNESS, context->op_count);
             }
+            size_t index = context->op_count - 1;
+            bool shared = settings.share && releases_shared_registration(context, &op);
             uintptr_t lock_start = 0, lock_end = 0;
-            bool lenient = !settings.expose_known_bugs &&
+            /* With --share no allowance: see share_setup. */
+            bool lenient = !settings.expose_known_bugs && !settings.share &&
                            registering_lock_range(context, &op, &lock_start, &lock_end);
             /* MAP_FIXED replaces the pages: all of them are registered anew. */
             if (lenient)
@@ -3403,8 +3868,10 @@ static void *thread_main(void *argument)
             count_result(context, &op, result);
             if (result == EXEC_HARNESS_ERROR)
                 thread_failure(context, STEP_HARNESS, index);
-            if (!settings.expose_known_bugs && result == EXEC_DONE && op.kind == OP_MMAP &&
-                (op.flags & MMAP_FLAG_LOCKED) && op.length >= min_bytes) {
+            if (shared && result == EXEC_DONE)
+                cover(context, COVER_SHARED_RELEASE);
+            if (!settings.expose_known_bugs && !settings.share && result == EXEC_DONE &&
+                op.kind == OP_MMAP && (op.flags & MMAP_FLAG_LOCKED) && op.length >= min_bytes) {
                 /* A new mapping: where it lands is known only now. */
                 const struct object *mapped = slot_object(context, op.slot);
                 lock_start = mapped->start;
@@ -3423,6 +3890,19 @@ static void *thread_main(void *argument)
         pthread_barrier_wait(&barrier);
         if (context->index == 0)
             barrier_duties(round);
+        for (size_t pair_round = 0; settings.share && pair_round < settings.pair_rounds;
+             pair_round++) {
+            if (context->index == 0)
+                pair_setup(round, pair_round);
+            pthread_barrier_wait(&barrier);
+            if (context->has_pair_op)
+                run_pair_op(context);
+            pthread_barrier_wait(&barrier);
+            if (context->index == 0)
+                pair_finish(round, pair_round);
+        }
+        if (settings.share && context->index == 0)
+            share_setup(round + 1);
         pthread_barrier_wait(&barrier);
     }
     return NULL;
@@ -3445,7 +3925,8 @@ static int run_threads(void)
         context->object_cap = 6;
         context->whole_process = false;
         context->rng = settings.seed * 1000003u + (uint64_t)t + 1;
-        if (!reserve_ops(context, settings.ops + 16))
+        size_t rounds = (settings.ops + settings.barrier_every - 1) / settings.barrier_every;
+        if (!reserve_ops(context, settings.ops + rounds * settings.pair_rounds + 16))
             return EXIT_HARNESS;
         if (pthread_create(&threads[t], NULL, thread_main, context) != 0) {
             fprintf(stderr, "pthread_create failed\n");
@@ -3527,6 +4008,8 @@ static int usage(void)
             "                    [--replay FILE] [--no-shrink] [--shrunk-out FILE]\n"
             "                    [--shrink-budget SECONDS] [--quiet] [--trace]\n"
             "                    [--expose-known-bugs] [--inject-model-bug NAME]\n"
+            "                    [--layout-rate R] [--share [--pair-rounds N]\n"
+            "                    [--pair-delay-us U]]\n"
             "Run with LD_PRELOAD=libpinshim.so PINSHIM_CUDART=libfake_cudart.so.\n");
     return EXIT_USAGE;
 }
@@ -3553,6 +4036,7 @@ static bool fix_layout(char **argv)
 int main(int argc, char **argv)
 {
     saved_argv = argv;
+    const char *pair_rounds = NULL;
     layout_fixed = fix_layout(argv);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -3565,6 +4049,8 @@ int main(int argc, char **argv)
             settings.trace = true;
         } else if (strcmp(arg, "--expose-known-bugs") == 0) {
             settings.expose_known_bugs = true;
+        } else if (strcmp(arg, "--share") == 0) {
+            settings.share = true;
         } else if (value == NULL) {
             return usage();
         } else {
@@ -3593,12 +4079,18 @@ int main(int argc, char **argv)
                 settings.model_bug = value;
             else if (strcmp(arg, "--layout-rate") == 0)
                 settings.layout_rate = strtod(value, NULL);
+            else if (strcmp(arg, "--pair-rounds") == 0)
+                pair_rounds = value;
+            else if (strcmp(arg, "--pair-delay-us") == 0)
+                settings.pair_delay_us = (unsigned)strtoul(value, NULL, 0);
             else
                 return usage();
         }
     }
-    if (settings.threads < 1 || settings.threads > MAX_THREADS || settings.barrier_every == 0)
+    if (settings.threads < 1 || settings.threads > MAX_THREADS || settings.barrier_every == 0 ||
+        (settings.share && (settings.threads < 2 || settings.replay_path != NULL)))
         return usage();
+    settings.pair_rounds = !settings.share ? 0 : pair_rounds ? strtoull(pair_rounds, NULL, 0) : 4;
 
     page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
     const char *min_text = getenv("PINSHIM_MIN_BYTES");

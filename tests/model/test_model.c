@@ -23,6 +23,7 @@ static const char *required_env(const char *name)
 struct run_options {
     bool smaps_checks;     /* FAKE_CUDART_CHECK=1: the runtime checks every call */
     const char *min_bytes; /* PINSHIM_MIN_BYTES; NULL: 16K, so small and large locks occur */
+    bool slow_unregister;  /* the slow runtime (SLOW_RUNTIME): each cudaHostUnregister 1 ms */
 };
 
 /* Runs model_random with args (NULL-terminated). */
@@ -31,25 +32,28 @@ static int run_model(struct child_result *result, const char *const *args,
 {
     char preload[1024], cudart[1024], min_bytes[64];
     snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", required_env("PINSHIM_LIB"));
-    snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s", required_env("FAKE_CUDART"));
+    snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s",
+             required_env(options.slow_unregister ? "SLOW_RUNTIME" : "FAKE_CUDART"));
     snprintf(min_bytes, sizeof(min_bytes), "PINSHIM_MIN_BYTES=%s",
              options.min_bytes ? options.min_bytes : "16K");
-    const char *environment[] = {preload,
-                                 cudart,
-                                 min_bytes,
-                                 options.smaps_checks ? "FAKE_CUDART_CHECK=1"
-                                                      : "FAKE_CUDART_CHECK=0",
-                                 "PINSHIM_REGISTER=",
-                                 "PINSHIM_FLAGS=",
-                                 "PINSHIM_STATS=",
-                                 "PINSHIM_LOG=",
-                                 "FAKE_CUDART_LOG=",
-                                 "FAKE_CUDART_NO_DRIVER=",
-                                 "FAKE_CUDART_DEVICES=",
-                                 "FAKE_CUDART_FAIL_REGISTER_EVERY=",
-                                 "FAKE_CUDART_FAIL_UNREGISTER_EVERY=",
-                                 "FAKE_CUDART_UNLOAD_AT_EXIT=",
-                                 NULL};
+    const char *environment[] = {
+        preload,
+        cudart,
+        min_bytes,
+        options.smaps_checks ? "FAKE_CUDART_CHECK=1" : "FAKE_CUDART_CHECK=0",
+        "PINSHIM_REGISTER=",
+        "PINSHIM_FLAGS=",
+        "PINSHIM_STATS=",
+        "PINSHIM_LOG=",
+        "FAKE_CUDART_LOG=",
+        "FAKE_CUDART_NO_DRIVER=",
+        "FAKE_CUDART_DEVICES=",
+        "FAKE_CUDART_FAIL_REGISTER_EVERY=",
+        "FAKE_CUDART_FAIL_UNREGISTER_EVERY=",
+        "FAKE_CUDART_UNLOAD_AT_EXIT=",
+        options.slow_unregister ? "SLOW_RUNTIME_UNREGISTER_MS=1" : "SLOW_RUNTIME_UNREGISTER_MS=",
+        "SLOW_RUNTIME_LOAD_MS=",
+        NULL};
     const char *argv[32];
     size_t count = 0;
     argv[count++] = required_env("MODEL_RANDOM");
@@ -92,7 +96,8 @@ static const char *const layout_keys[LAYOUT_COUNT] = {
 struct coverage_totals {
     uint64_t lock_registering, lock_small, munlock_registered, munmap_registered,
         map_fixed_registered, free_registered, mremap_moved, mremap_grown, mremap_shrunk,
-        mremap_fixed, mremap_dontunmap, fork_inherited, fork_fresh, ops, register_calls;
+        mremap_fixed, mremap_dontunmap, fork_inherited, fork_fresh, ops, register_calls,
+        shared_release, paired_release;
     uint64_t layouts[LAYOUT_COUNT];
     bool layout_fixed; /* every run summed had address-space randomisation off */
     /* Every run's kernel probe found that the kernel moves several VMAs at
@@ -125,6 +130,8 @@ static void add_coverage(struct coverage_totals *totals, const char *out)
     totals->mremap_dontunmap += number_after(line, " mremap_dontunmap=");
     totals->fork_inherited += number_after(line, " fork_inherited=");
     totals->fork_fresh += number_after(line, " fork_fresh=");
+    totals->shared_release += number_after(line, " shared_release=");
+    totals->paired_release += number_after(line, " paired_release=");
     for (int layout = 0; layout < LAYOUT_COUNT; layout++)
         totals->layouts[layout] += number_after(line, layout_keys[layout]);
     const char *summary = strstr(out, "summary ");
@@ -288,6 +295,53 @@ Test(model, eight_threads_smaps_checked, .timeout = 300)
                           "--barrier-every", "25", "--fork-rate", "0.004", NULL};
     expect_pass(&totals, args, (struct run_options){.smaps_checks = true});
     cr_expect_gt(totals.fork_inherited, 0);
+}
+
+/* Threads sharing mappings (model_random --share): the main thread hands each
+ * thread a window of pages in regions it locked whole, so one registration
+ * holds several threads' pages, and the threads lock, unlock, unmap, map over
+ * and shrink inside their windows at once; at every barrier, 8 paired
+ * releases: two threads released by a spin rendezvous each release one piece
+ * of the same registration. Issue 9, item 1: while one release has taken the
+ * registration out and not yet registered the rest again, the other thread's
+ * check finds nothing to release, and its piece stays registered once
+ * unlocked or unmapped. Red until the shim is fixed. */
+Test(model, threads_share, .timeout = 300)
+{
+    for (unsigned seed = 1; seed <= 2; seed++) {
+        struct coverage_totals totals = {0};
+        char seed_text[16];
+        snprintf(seed_text, sizeof(seed_text), "%u", seed);
+        const char *args[] = {"--seed", seed_text, "--threads",     "4", "--ops",
+                              "400",    "--share", "--pair-rounds", "8", "--barrier-every",
+                              "50",     NULL};
+        expect_pass(&totals, args, (struct run_options){.smaps_checks = true});
+        cr_assert_eq(totals.ops, 4 * 400 + 8 * 8 * 4); /* and 8 barriers x 8 pair rounds x 4 */
+        cr_expect_gt(totals.shared_release, 0);
+        cr_expect_gt(totals.paired_release, 0);
+        cr_expect_gt(totals.munlock_registered, 0);
+        cr_expect_gt(totals.munmap_registered, 0);
+        cr_expect_gt(totals.map_fixed_registered, 0);
+        cr_expect_gt(totals.mremap_shrunk, 0);
+    }
+}
+
+/* The paired releases on purpose: 2 threads, 200 paired releases, under the
+ * slow runtime (cudaHostUnregister takes 1 ms) with the runtime's smaps
+ * checks (cudaHostRegister reads smaps); the thread releasing the upper piece
+ * of a region whose middle the other releases starts 125-500 us late, inside
+ * the other's unregistration. No timing is asserted: the delays only make
+ * the interleaving likely (on the shim of issue 9, 20 of 20 seeds failed).
+ * Red until the shim is fixed. */
+Test(model, threads_share_paired_release_slow_runtime, .timeout = 300)
+{
+    struct coverage_totals totals = {0};
+    const char *args[] = {
+        "--seed",        "1",   "--threads",       "2",   "--ops",           "100", "--share",
+        "--pair-rounds", "100", "--pair-delay-us", "500", "--barrier-every", "50",  NULL};
+    expect_pass(&totals, args, (struct run_options){.smaps_checks = true, .slow_unregister = true});
+    cr_expect_gt(totals.paired_release, 300);
+    cr_expect_gt(totals.shared_release, 0);
 }
 
 /* Fork-heavy: about one op in 20 forks; each child runs 10-60 ops of its own
