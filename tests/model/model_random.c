@@ -3966,9 +3966,10 @@ static int run_threads(void)
         print_counts(stdout, &total);
         printf("summary seed=%" PRIu64 " threads=%d ops=%zu checks=%" PRIu64
                " register_calls=%" PRIu64 " unregister_calls=%" PRIu64
-               " race_skipped_pages=%" PRIu64 "\n",
+               " race_skipped_pages=%" PRIu64 " share=%d pair_rounds=%zu\n",
                settings.seed, count, ops, checks, fake_calls(FAKE_CALL_REGISTER),
-               fake_calls(FAKE_CALL_UNREGISTER), race_skipped);
+               fake_calls(FAKE_CALL_UNREGISTER), race_skipped, settings.share,
+               settings.pair_rounds);
     }
     printf("PASS\n");
     return EXIT_AGREE;
