@@ -154,6 +154,7 @@ struct settings {
     bool share;             /* threads work in windows of shared mappings (see share_setup) */
     size_t pair_rounds;     /* with share: paired releases per barrier (see pair_setup) */
     unsigned pair_delay_us; /* with share: one thread of a pair starts up to this much later */
+    size_t pair_pages;      /* with share: at most this many pages per piece of a pair region */
 };
 
 static struct settings settings = {
@@ -166,6 +167,7 @@ static struct settings settings = {
     .shrink = true,
     .shrink_budget_seconds = 120,
     .layout_rate = 0.03,
+    .pair_pages = 48,
 };
 
 static uintptr_t page_size;
@@ -3564,7 +3566,7 @@ static void pair_setup(size_t round, size_t pair_round)
         }
         size_t first[4], pages[4], total = 0;
         for (size_t i = 0; i < pieces; i++) {
-            pages[i] = rng_between(rng, 4, 48);
+            pages[i] = rng_between(rng, settings.pair_pages / 2, settings.pair_pages);
             first[i] = total;
             total += pages[i];
         }
@@ -4082,6 +4084,8 @@ int main(int argc, char **argv)
                 settings.layout_rate = strtod(value, NULL);
             else if (strcmp(arg, "--pair-rounds") == 0)
                 pair_rounds = value;
+            else if (strcmp(arg, "--pair-pages") == 0)
+                settings.pair_pages = strtoull(value, NULL, 0);
             else if (strcmp(arg, "--pair-delay-us") == 0)
                 settings.pair_delay_us = (unsigned)strtoul(value, NULL, 0);
             else
@@ -4089,7 +4093,8 @@ int main(int argc, char **argv)
         }
     }
     if (settings.threads < 1 || settings.threads > MAX_THREADS || settings.barrier_every == 0 ||
-        (settings.share && (settings.threads < 2 || settings.replay_path != NULL)))
+        (settings.share && (settings.threads < 2 || settings.replay_path != NULL ||
+                            settings.pair_pages < 8 || settings.pair_pages > MAX_OBJECT_PAGES)))
         return usage();
     settings.pair_rounds = !settings.share ? 0 : pair_rounds ? strtoull(pair_rounds, NULL, 0) : 4;
 

@@ -344,6 +344,25 @@ Test(model, threads_share_paired_release_slow_runtime, .timeout = 300)
     cr_expect_gt(totals.shared_release, 0);
 }
 
+/* The paired releases on purpose, fast: 2 threads, 2,000 paired releases of
+ * regions of up to 2,000 pages (pieces of 250-500 pages), with the plain fake
+ * runtime and no smaps checks, so that both threads reach the shim within a
+ * microsecond of each other (spin rendezvous). With pieces this large the
+ * moment between a release taking the registration out of the registry and
+ * putting its rest back is long enough for the other thread's lock-free check
+ * (munmap and MAP_FIXED check without a lock; munlock takes the engine lock
+ * first) to find nothing and skip its release. Red until the shim is fixed. */
+Test(model, threads_share_paired_release_large, .timeout = 300)
+{
+    struct coverage_totals totals = {0};
+    const char *args[] = {
+        "--seed", "1",       "--threads",     "2",    "--ops",        "10",  "--barrier-every",
+        "5",      "--share", "--pair-rounds", "1000", "--pair-pages", "500", NULL};
+    expect_pass(&totals, args, (struct run_options){0});
+    cr_expect_gt(totals.paired_release, 3000);
+    cr_expect_gt(totals.shared_release, 0);
+}
+
 /* Fork-heavy: about one op in 20 forks; each child runs 10-60 ops of its own
  * and judges them (no registration at all: the parent had loaded the runtime). */
 Test(model, fork_heavy, .timeout = 300)
