@@ -51,7 +51,7 @@
  *                     [--shrunk-out FILE] [--shrink-budget SECONDS] [--quiet]
  *                     [--trace] [--expose-known-bugs] [--inject-model-bug NAME]
  *                     [--layout-rate R] [--share [--pair-rounds N]
- *                     [--pair-delay-us U]]
+ *                     [--pair-delay-us U] [--pair-pages P]]
  * --threads T (2..8): T threads on their own objects, checking their own
  * pages after every op; every --barrier-every ops all wait while one checks
  * the whole process (and sometimes calls munlockall or forks).
@@ -59,8 +59,9 @@
  * mappings the main thread locked whole, so one registration holds several
  * threads' pages; at every barrier --pair-rounds (default 4) paired releases
  * let two threads release pieces of one registration at the same moment, one
- * of them up to --pair-delay-us (default 0) late (see share_setup). Meant to
- * run also under tests/faults/slow_runtime.c (PINSHIM_CUDART, with
+ * of them up to --pair-delay-us (default 0) late, in pieces of P/2 to P pages
+ * (--pair-pages, 8..500, default 48; see share_setup). Meant to run also
+ * under tests/faults/slow_runtime.c (PINSHIM_CUDART, with
  * SLOW_RUNTIME_UNREGISTER_MS) to widen the window.
  * --layout-rate R: chance per op of starting a layout plan (default 0.03).
  * MODEL_RANDOM_NO_PROCMAP=1: read VMA bounds from /proc/self/maps instead of
@@ -423,7 +424,7 @@ enum coverage {
     COVER_DONTUNMAP_NEIGHBOUR_UNLOCKED, /* ... and a locked page beside them lost its lock too */
     COVER_FORK_INHERITED,               /* a child of a process that had loaded the runtime */
     COVER_FORK_FRESH,                   /* a child that may load it itself */
-    /* Layouts (whole-process runs; VMAs from /proc/self/maps before the call): */
+    /* Layouts (whole-process runs; from the kernel's VMA bounds): */
     COVER_DONTUNMAP_TARGET_BELOW, /* DONTUNMAP|FIXED onto the pages right below, in the same VMA */
     COVER_DONTUNMAP_TARGET_ABOVE, /* ... right above, in the same VMA */
     COVER_FIXED_TARGET_ADJACENT,  /* a plain FIXED move right below or above, in the same VMA */
@@ -1520,7 +1521,7 @@ static size_t vma_bounds_over(uintptr_t start, uintptr_t end, struct vma *first,
 {
     size_t touched = 0;
     uintptr_t cursor = start, from, to;
-    bool unsupported;
+    bool unsupported = false;
     while (cursor < end && procmap_query(cursor, &from, &to, &unsupported) && from < end) {
         if (touched++ == 0 && first != NULL)
             *first = (struct vma){from, to, false};
@@ -4012,7 +4013,7 @@ static int usage(void)
             "                    [--shrink-budget SECONDS] [--quiet] [--trace]\n"
             "                    [--expose-known-bugs] [--inject-model-bug NAME]\n"
             "                    [--layout-rate R] [--share [--pair-rounds N]\n"
-            "                    [--pair-delay-us U]]\n"
+            "                    [--pair-delay-us U] [--pair-pages P]]\n"
             "Run with LD_PRELOAD=libpinshim.so PINSHIM_CUDART=libfake_cudart.so.\n");
     return EXIT_USAGE;
 }
