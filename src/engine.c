@@ -1282,44 +1282,62 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
     uintptr_t new_start = failed ? 0 : (uintptr_t)result, new_end = 0;
     if (!failed)
         new_end = page_ceil(engine, new_start + new_size);
-    /* The moved pages' new home: claimed already when fixed or in place;
-     * else a range the kernel just found free. */
-    bool may_register_new =
-        !failed && (op_claims(&op, new_start, new_end) ||
-                    (op.slot >= 0 && claim_more_locked(&op, new_start, new_end)));
+    if (failed) {
+        if (dontunmap) {
+            /* A failed call changed nothing: put back what is still locked. */
+            for (struct engine_piece *piece = moved.head; piece != NULL; piece = piece->next)
+                register_where_locked_locked(&op, piece, piece->start, piece->end);
+            for (struct engine_piece *piece = replaced.head; piece != NULL; piece = piece->next)
+                register_where_locked_locked(&op, piece, piece->start, piece->end);
+            ticket_discard_locked(engine, &moved);
+            ticket_discard_locked(engine, &replaced);
+        } else {
+            restore_locked(&op, &moved, 0, UINTPTR_MAX, false);
+            restore_locked(&op, &replaced, 0, UINTPTR_MAX, true);
+        }
+        op_end(&op);
+        errno = call_errno;
+        return result;
+    }
     if (dontunmap) {
-        /* After success a fixed target holds the moved pages, not what was
+        /* What stays at the old place, while the old place is claimed. After
+         * success a fixed target holds the moved pages, not what was
          * registered there. */
-        uintptr_t cut_start = !failed && fixed ? target_start : 0;
-        uintptr_t cut_end = !failed && fixed ? target_end : 0;
+        uintptr_t cut_start = fixed ? target_start : 0, cut_end = fixed ? target_end : 0;
         for (struct engine_piece *piece = moved.head; piece != NULL; piece = piece->next) {
             register_where_locked_locked(&op, piece, piece->start,
                                          min_address(piece->end, cut_start));
             register_where_locked_locked(&op, piece, max_address(piece->start, cut_end),
                                          piece->end);
-            if (failed || !may_register_new || piece->end <= old_start ||
-                piece->start >= old_end)
+        }
+    }
+    /* The moved pages' new home: claimed already when fixed or in place;
+     * else a range the kernel just found free, which another operation may
+     * still claim (an unmap that gave those addresses back and has not
+     * finished). Waiting for it while holding the old range could deadlock
+     * two moves into each other's old places, so the old claim goes first
+     * (its work is done) and the new range is claimed holding nothing. */
+    bool may_register_new = op_claims(&op, new_start, new_end);
+    if (!may_register_new && moved.head != NULL) {
+        engine->claims[op.slot].count = 0;
+        pthread_cond_broadcast(&engine->changed);
+        op.slot = -1;
+        may_register_new = claim_locked(&op, &new_start, &new_end, 1, false, true);
+    }
+    if (may_register_new && dontunmap) {
+        for (struct engine_piece *piece = moved.head; piece != NULL; piece = piece->next) {
+            if (piece->end <= old_start || piece->start >= old_end)
                 continue;
             uintptr_t from = max_address(piece->start, old_start);
             uintptr_t to = min_address(piece->end, old_end);
             register_where_locked_locked(&op, piece, new_start + (from - old_start),
                                          new_start + (to - old_start));
         }
-        /* A failed call changed nothing: what was registered at the target stays. */
-        for (struct engine_piece *piece = replaced.head; failed && piece != NULL;
-             piece = piece->next)
-            register_where_locked_locked(&op, piece, piece->start, piece->end);
-        ticket_discard_locked(engine, &moved);
-        ticket_discard_locked(engine, &replaced);
-    } else if (failed) {
-        restore_locked(&op, &moved, 0, UINTPTR_MAX, false);
-        restore_locked(&op, &replaced, 0, UINTPTR_MAX, true);
-    } else {
-        if (may_register_new)
-            register_moved_locked(&op, &moved, old_start, old_end, new_start, new_end);
-        ticket_discard_locked(engine, &moved);
-        ticket_discard_locked(engine, &replaced);
+    } else if (may_register_new) {
+        register_moved_locked(&op, &moved, old_start, old_end, new_start, new_end);
     }
+    ticket_discard_locked(engine, &moved);
+    ticket_discard_locked(engine, &replaced);
     op_end(&op);
     errno = call_errno;
     return result;
