@@ -1,6 +1,8 @@
-/* Tests of the fake CUDA runtime itself: if the double is wrong, every shim
- * test built on it proves nothing. Criterion runs each test in its own
- * process, so tests may change the environment and the double's state. */
+/* Tests of the fake CUDA driver and runtime themselves: if the double is
+ * wrong, every shim test built on it proves nothing. Criterion runs each test
+ * in its own process, so tests may change the environment and the double's
+ * state. This program links both the runtime and the driver (libcuda.so.1). */
+#include "fake_cuda.h"
 #include "fake_cudart.h"
 
 #include <criterion/criterion.h>
@@ -24,6 +26,14 @@ static const char *const config_variables[] = {
     "FAKE_CUDART_UNLOAD_AT_EXIT",
     "FAKE_CUDART_CHECK",
     "FAKE_CUDART_LOG",
+    "FAKE_CUDA_DEVICES",
+    "FAKE_CUDA_MAX_REGISTER_BYTES",
+    "FAKE_CUDA_REGISTER_SECONDS_PER_GIB",
+    "FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB",
+    "FAKE_CUDA_UNLOAD_AT_EXIT",
+    "FAKE_CUDA_DRIVER_VERSION",
+    "FAKE_CUDA_LOG",
+    "FAKE_CUDA_DRIVER",
 };
 
 /* Starts from a known configuration; checks off unless a test turns them on,
@@ -36,6 +46,7 @@ static void fresh_state(const char *extra_name, const char *extra_value)
     if (extra_name)
         setenv(extra_name, extra_value, 1);
     fake_cudart_reset();
+    fake_cuda_reset(); /* linked here: loaded even before the runtime loads it */
 }
 
 static void *fake_address(uintptr_t offset)
@@ -384,14 +395,15 @@ Test(fake_cudart, log_lines)
     cr_assert_eq(cudaHostUnregister(memory), 0);
 
     /* A violation is found before the registration is recorded, so its line
-     * comes first. */
+     * comes first. The driver writes register/unregister lines with the flags
+     * it got: cudaHostRegisterDefault (0) became PORTABLE|DEVICEMAP (3). */
     char expected[1024];
     int pid = (int)getpid();
     uintmax_t base = (uintptr_t)memory;
     snprintf(expected, sizeof expected,
              "violation %d register_not_locked 0x%jx 4096\n"
              "register %d 0x%jx 4096 2 0\n"
-             "register %d 0x%jx 4096 0 712\n"
+             "register %d 0x%jx 4096 3 712\n"
              "unregister %d 0x%jx 1\n"
              "getlasterror %d 1\n"
              "unregister %d 0x%jx 0\n",
@@ -410,7 +422,7 @@ Test(fake_cudart, log_is_append_only)
     fresh_state("FAKE_CUDART_LOG", path);
     cr_assert_eq(cudaHostRegister(NULL, 1, 0), 1);
     char expected[128];
-    snprintf(expected, sizeof expected, "earlier\nregister %d 0x0 1 0 1\n", (int)getpid());
+    snprintf(expected, sizeof expected, "earlier\nregister %d 0x0 1 3 1\n", (int)getpid());
     cr_assert_str_eq(read_whole_file(path), expected);
     unlink(path);
 }
@@ -497,7 +509,9 @@ Test(fake_cudart, concurrent_callers)
 typedef int (*host_register_fn)(void *, size_t, unsigned);
 typedef int (*host_unregister_fn)(void *);
 
-/* The minimal variant is what the shim sees with a stripped-down runtime. */
+/* The minimal variant is what the shim sees with a stripped-down runtime. Its
+ * runtime state is its own; the driver (and so the registrations) is shared,
+ * as two runtimes in one process share libcuda. */
 Test(fake_cudart, minimal_variant_exports_two_functions)
 {
     const char *path = getenv("FAKE_CUDART_MINIMAL_PATH");
@@ -523,7 +537,10 @@ Test(fake_cudart, minimal_variant_exports_two_functions)
 
     cr_assert_eq(host_register(fake_address(0), 160, 0), 0);
     cr_assert_eq(host_register(fake_address(80), 160, 0), 712);
+    cr_assert_eq(fake_cuda_live_count(), 1, "in the one driver");
+    cr_assert_eq(cudaHostRegister(fake_address(0), 160, 0), 712, "seen by the full runtime");
     cr_assert_eq(host_unregister(fake_address(0)), 0);
-    cr_assert_eq(fake_cudart_live_count(), 0, "state is per copy");
+    cr_assert_eq(fake_cudart_live_count(), 0);
+    cr_assert_eq(fake_cudart_call_count(FAKE_CALL_REGISTER), 1, "runtime counters are per copy");
     dlclose(library);
 }
