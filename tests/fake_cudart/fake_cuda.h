@@ -27,6 +27,7 @@
  *    (documented: "does not release it"). Chosen: every activation gets a new
  *    CUcontext handle, so a handle kept from before a Release-to-zero or a
  *    Reset stays destroyed (the real driver may hand out the same address).
+ *    Handles are non-canonical addresses: dereferencing one faults.
  *  - Non-primary contexts: cuCtxCreate_v2 creates one (a CREATION) and pushes
  *    it on the calling thread's stack; cuCtxDestroy_v2 destroys it and pops it
  *    when it is the top of the calling thread's stack (documented). At most 64
@@ -49,8 +50,8 @@
  *    no context is current).
  *  - Context creations are counted, in total, per device and per CREATOR: the
  *    shared object that called the public entry point (dladdr of its return
- *    address; the main program under its /proc/self/exe path, not argv[0]). The fake
- *    runtime creates primary contexts on behalf of its own caller through
+ *    address; the main program under its /proc/self/exe path, not argv[0]).
+ *    The fake runtime creates primary contexts on behalf of its own caller through
  *    fake_cuda_internal_primary_ctx_retain, which takes that caller's address,
  *    so a context the runtime creates because libpinshim.so called
  *    cudaHostRegister is attributed to libpinshim.so. A caller that reaches an
@@ -89,8 +90,10 @@
  *  - fork: a child of a process whose driver had been initialised gets
  *    CUDA_ERROR_NOT_INITIALIZED (3) from every call, cuInit included, and
  *    starts with no registrations, no contexts and zeroed counters (the
- *    parent's are not the child's: documented by NVIDIA for CUDA in general).
- *    A child of a process that never initialised can initialise normally.
+ *    parent's are not the child's). INFERRED: NVIDIA documents only that a
+ *    child cannot use CUDA state made before fork; 3 is what the driver is
+ *    reported to answer there. A child of a process that never initialised
+ *    can initialise normally.
  *  - Teardown: with FAKE_CUDA_UNLOAD_AT_EXIT=1, once the driver's exit handler
  *    has run (registered when the driver is loaded, so it runs before exit
  *    handlers registered earlier and before library destructors), every call
@@ -136,7 +139,10 @@
  *   ctx_destroy <pid> 0x<ctx> <device> release|reset|destroy <registrations dropped>
  *   cu_register <pid> 0x<ptr> <size> <flags> <err> <device> 0x<ctx>
  *   cu_unregister <pid> 0x<ptr> <err> <device> 0x<ctx>
- * (device -1 and ctx 0x0 when no live context was current.)
+ * (device -1 and ctx 0x0 when no live context was current; the creator is the
+ * rest of the line). Registrations dropped with their context leave no
+ * unregister line, only the count on ctx_destroy. Point the two variables at
+ * different files: fake_log.c counts driver-only lines as malformed.
  */
 #ifndef FAKE_CUDA_H
 #define FAKE_CUDA_H
