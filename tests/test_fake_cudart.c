@@ -1,6 +1,9 @@
-/* Tests of the fake CUDA runtime itself: if the double is wrong, every shim
- * test built on it proves nothing. Criterion runs each test in its own
- * process, so tests may change the environment and the double's state. */
+/* Tests of the fake CUDA driver and runtime themselves: if the double is
+ * wrong, every shim test built on it proves nothing. Criterion runs each test
+ * in its own process, so tests may change the environment and the double's
+ * state. This program links both the runtime and the driver (libcuda.so.1);
+ * what needs a process that links the runtime only runs fake_cudart_probe. */
+#include "fake_cuda.h"
 #include "fake_cudart.h"
 
 #include <criterion/criterion.h>
@@ -24,6 +27,14 @@ static const char *const config_variables[] = {
     "FAKE_CUDART_UNLOAD_AT_EXIT",
     "FAKE_CUDART_CHECK",
     "FAKE_CUDART_LOG",
+    "FAKE_CUDA_DEVICES",
+    "FAKE_CUDA_MAX_REGISTER_BYTES",
+    "FAKE_CUDA_REGISTER_SECONDS_PER_GIB",
+    "FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB",
+    "FAKE_CUDA_UNLOAD_AT_EXIT",
+    "FAKE_CUDA_DRIVER_VERSION",
+    "FAKE_CUDA_LOG",
+    "FAKE_CUDA_DRIVER",
 };
 
 /* Starts from a known configuration; checks off unless a test turns them on,
@@ -36,6 +47,7 @@ static void fresh_state(const char *extra_name, const char *extra_value)
     if (extra_name)
         setenv(extra_name, extra_value, 1);
     fake_cudart_reset();
+    fake_cuda_reset(); /* linked here: loaded even before the runtime loads it */
 }
 
 static void *fake_address(uintptr_t offset)
@@ -384,14 +396,15 @@ Test(fake_cudart, log_lines)
     cr_assert_eq(cudaHostUnregister(memory), 0);
 
     /* A violation is found before the registration is recorded, so its line
-     * comes first. */
+     * comes first. The driver writes register/unregister lines with the flags
+     * it got: cudaHostRegisterDefault (0) became PORTABLE|DEVICEMAP (3). */
     char expected[1024];
     int pid = (int)getpid();
     uintmax_t base = (uintptr_t)memory;
     snprintf(expected, sizeof expected,
              "violation %d register_not_locked 0x%jx 4096\n"
              "register %d 0x%jx 4096 2 0\n"
-             "register %d 0x%jx 4096 0 712\n"
+             "register %d 0x%jx 4096 3 712\n"
              "unregister %d 0x%jx 1\n"
              "getlasterror %d 1\n"
              "unregister %d 0x%jx 0\n",
@@ -410,7 +423,7 @@ Test(fake_cudart, log_is_append_only)
     fresh_state("FAKE_CUDART_LOG", path);
     cr_assert_eq(cudaHostRegister(NULL, 1, 0), 1);
     char expected[128];
-    snprintf(expected, sizeof expected, "earlier\nregister %d 0x0 1 0 1\n", (int)getpid());
+    snprintf(expected, sizeof expected, "earlier\nregister %d 0x0 1 3 1\n", (int)getpid());
     cr_assert_str_eq(read_whole_file(path), expected);
     unlink(path);
 }
@@ -497,7 +510,9 @@ Test(fake_cudart, concurrent_callers)
 typedef int (*host_register_fn)(void *, size_t, unsigned);
 typedef int (*host_unregister_fn)(void *);
 
-/* The minimal variant is what the shim sees with a stripped-down runtime. */
+/* The minimal variant is what the shim sees with a stripped-down runtime. Its
+ * runtime state is its own; the driver (and so the registrations) is shared,
+ * as two runtimes in one process share libcuda. */
 Test(fake_cudart, minimal_variant_exports_two_functions)
 {
     const char *path = getenv("FAKE_CUDART_MINIMAL_PATH");
@@ -523,7 +538,1149 @@ Test(fake_cudart, minimal_variant_exports_two_functions)
 
     cr_assert_eq(host_register(fake_address(0), 160, 0), 0);
     cr_assert_eq(host_register(fake_address(80), 160, 0), 712);
+    cr_assert_eq(fake_cuda_live_count(), 1, "in the one driver");
+    cr_assert_eq(cudaHostRegister(fake_address(0), 160, 0), 712, "seen by the full runtime");
     cr_assert_eq(host_unregister(fake_address(0)), 0);
-    cr_assert_eq(fake_cudart_live_count(), 0, "state is per copy");
+    cr_assert_eq(fake_cudart_live_count(), 0);
+    cr_assert_eq(fake_cudart_call_count(FAKE_CALL_REGISTER), 1, "runtime counters are per copy");
     dlclose(library);
+}
+
+/* ======================================================================== */
+/* The fake driver and the runtime on top of it.                            */
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <time.h>
+
+extern char **environ;
+
+/* The main program, as the driver names it in creator attribution (its
+ * /proc/self/exe path: Criterion's workers run with argv[0] boxfort-worker). */
+#define SELF "test_fake_cudart"
+#define RUNTIME "libfake_cudart"
+
+static const uintptr_t GiB = (uintptr_t)1 << 30;
+
+/* cuInit(0), then the primary context of device retained and made current. */
+static CUcontext init_and_make_current(int device)
+{
+    cr_assert_eq(cuInit(0), 0);
+    CUcontext context = NULL;
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&context, device), 0);
+    cr_assert_not_null(context);
+    cr_assert_eq(cuCtxSetCurrent(context), 0);
+    return context;
+}
+
+static struct fake_cuda_primary_state primary_state(int device)
+{
+    struct fake_cuda_primary_state state;
+    memset(&state, 0x55, sizeof state);
+    cr_assert_eq(fake_cuda_primary_state(device, &state), 0, "device %d", device);
+    return state;
+}
+
+/* Waits (without asserting anything about time) until condition(cookie) holds
+ * or 60 s have passed; returns whether it holds. */
+static bool wait_until(bool (*condition)(void), const char *what)
+{
+    for (int i = 0; i < 60000; i++) {
+        if (condition())
+            return true;
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+    fprintf(stderr, "gave up waiting for %s\n", what);
+    return condition();
+}
+
+Test(fake_cuda, nothing_before_cuinit)
+{
+    fresh_state(NULL, NULL);
+    int count = -1, version = -1;
+    CUcontext context = NULL;
+    CUdevice device = -1;
+    cr_assert_eq(fake_cuda_initialized(), 0);
+    cr_assert_eq(cuDeviceGetCount(&count), 3);
+    cr_assert_eq(cuDeviceGet(&device, 0), 3);
+    cr_assert_eq(cuCtxGetCurrent(&context), 3);
+    cr_assert_eq(cuCtxSetCurrent(NULL), 3);
+    cr_assert_eq(cuCtxPopCurrent_v2(&context), 3);
+    cr_assert_eq(cuCtxGetDevice(&device), 3);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&context, 0), 3);
+    cr_assert_eq(cuDevicePrimaryCtxRelease_v2(0), 3);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 3);
+    cr_assert_eq(cuMemHostUnregister(fake_address(0)), 3);
+    cr_assert_eq(count, -1, "nothing written");
+    /* These work without cuInit. */
+    cr_assert_eq(cuDriverGetVersion(&version), 0);
+    cr_assert_eq(version, 13000);
+    const char *name = NULL;
+    cr_assert_eq(cuGetErrorName(3, &name), 0);
+    cr_assert_str_eq(name, "CUDA_ERROR_NOT_INITIALIZED");
+    cr_assert_eq(cuInit(1), 1, "flags must be 0");
+    cr_assert_eq(cuInit(0), 0);
+    cr_assert_eq(fake_cuda_initialized(), 1);
+    cr_assert_eq(cuDeviceGetCount(&count), 0);
+    cr_assert_eq(count, 1, "one device by default");
+    cr_assert_eq(fake_cuda_contexts_created(), 0, "cuInit creates no context");
+}
+
+Test(fake_cuda, no_device)
+{
+    fresh_state("FAKE_CUDA_DEVICES", "0");
+    int count = -1;
+    cr_assert_eq(cuInit(0), 100);
+    cr_assert_eq(cuDeviceGetCount(&count), 3, "still not initialised");
+    cr_assert_eq(fake_cuda_initialized(), 0);
+}
+
+Test(fake_cuda, devices_and_ordinals)
+{
+    fresh_state("FAKE_CUDA_DEVICES", "4");
+    int count = -1;
+    CUdevice device = -1;
+    CUcontext context = NULL;
+    unsigned flags = 99;
+    int active = 99;
+    cr_assert_eq(cuInit(0), 0);
+    cr_assert_eq(cuDeviceGetCount(&count), 0);
+    cr_assert_eq(count, 4);
+    cr_assert_eq(cuDeviceGet(&device, 3), 0);
+    cr_assert_eq(device, 3);
+    cr_assert_eq(cuDeviceGet(&device, 4), 101);
+    cr_assert_eq(cuDeviceGet(&device, -1), 101);
+    cr_assert_eq(cuDeviceGet(NULL, 0), 1);
+    cr_assert_eq(cuDevicePrimaryCtxGetState(4, &flags, &active), 101);
+    cr_assert_eq(cuDevicePrimaryCtxGetState(3, &flags, &active), 0);
+    cr_assert_eq(active, 0);
+    cr_assert_eq(flags, 0u);
+    cr_assert_eq(cuDevicePrimaryCtxGetState(3, NULL, &active), 1);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&context, 4), 101);
+    cr_assert_eq(cuDevicePrimaryCtxRelease_v2(-1), 101);
+    cr_assert_eq(cuDevicePrimaryCtxReset_v2(4), 101);
+    cr_assert_eq(cuCtxCreate_v2(&context, 0, 4), 101);
+    cr_assert_eq(fake_cuda_primary_state(4, &(struct fake_cuda_primary_state){0}), -1);
+
+    fresh_state("FAKE_CUDA_DEVICES", "99");
+    cr_assert_eq(cuInit(0), 0);
+    cr_assert_eq(cuDeviceGetCount(&count), 0);
+    cr_assert_eq(count, 16, "at most 16");
+
+    fresh_state("FAKE_CUDART_DEVICES", "3");
+    cr_assert_eq(cuInit(0), 0);
+    cr_assert_eq(cuDeviceGetCount(&count), 0);
+    cr_assert_eq(count, 3, "the runtime double's older variable");
+    setenv("FAKE_CUDA_DEVICES", "2", 1);
+    fake_cuda_reload_config();
+    cr_assert_eq(cuDeviceGetCount(&count), 0);
+    cr_assert_eq(count, 2, "FAKE_CUDA_DEVICES wins");
+}
+
+Test(fake_cuda, error_names_and_strings)
+{
+    static const struct {
+        int code;
+        const char *name;
+    } names[] = {
+        {0, "CUDA_SUCCESS"},
+        {1, "CUDA_ERROR_INVALID_VALUE"},
+        {2, "CUDA_ERROR_OUT_OF_MEMORY"},
+        {3, "CUDA_ERROR_NOT_INITIALIZED"},
+        {4, "CUDA_ERROR_DEINITIALIZED"},
+        {100, "CUDA_ERROR_NO_DEVICE"},
+        {101, "CUDA_ERROR_INVALID_DEVICE"},
+        {201, "CUDA_ERROR_INVALID_CONTEXT"},
+        {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED"},
+        {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"},
+        {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *name = NULL, *text = NULL;
+        cr_assert_eq(cuGetErrorName(names[i].code, &name), 0);
+        cr_assert_str_eq(name, names[i].name);
+        cr_assert_eq(cuGetErrorString(names[i].code, &text), 0);
+        cr_assert_not_null(text);
+    }
+    const char *name = "untouched";
+    cr_assert_eq(cuGetErrorName(12345, &name), 1, "unknown code");
+    cr_assert_null(name);
+    cr_assert_eq(cuGetErrorName(0, NULL), 1);
+    /* The runtime's names for the numbers the driver adds. */
+    cr_assert_str_eq(cudaGetErrorName(101), "cudaErrorInvalidDevice");
+    cr_assert_str_eq(cudaGetErrorName(201), "cudaErrorDeviceUninitialized");
+    cr_assert_str_eq(cudaGetErrorName(709), "cudaErrorContextIsDestroyed");
+}
+
+Test(fake_cuda, primary_context_retain_release_reset)
+{
+    fresh_state(NULL, NULL);
+    CUcontext first = NULL, again = NULL, second = NULL, third = NULL;
+    cr_assert_eq(cuInit(0), 0);
+    struct fake_cuda_primary_state state = primary_state(0);
+    cr_assert_eq(state.active, 0);
+    cr_assert_eq(state.refcount, 0);
+    cr_assert_null(state.context);
+    cr_assert_eq(cuDevicePrimaryCtxRelease_v2(0), 201, "nothing retained");
+
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&first, 0), 0);
+    state = primary_state(0);
+    cr_assert_eq(state.active, 1);
+    cr_assert_eq(state.refcount, 1);
+    cr_assert_eq(state.context, (void *)first);
+    cr_assert_eq(fake_cuda_contexts_created(), 1, "activation is a creation");
+    cr_assert_eq(fake_cuda_contexts_created_on(0), 1);
+    cr_assert_eq(fake_cuda_contexts_created_by(SELF), 1, "attributed to this program");
+    cr_assert_eq(fake_cuda_contexts_created_by(RUNTIME), 0);
+    cr_assert_eq(fake_cuda_context_stack_depth(), 0, "retain does not push");
+
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&again, 0), 0);
+    cr_assert_eq(again, first);
+    cr_assert_eq(primary_state(0).refcount, 2);
+    cr_assert_eq(fake_cuda_contexts_created(), 1, "an active one is not created again");
+
+    cr_assert_eq(cuDevicePrimaryCtxRelease_v2(0), 0);
+    cr_assert_eq(primary_state(0).active, 1);
+    cr_assert_eq(cuDevicePrimaryCtxRelease(0), 0, "the unversioned alias");
+    state = primary_state(0);
+    cr_assert_eq(state.active, 0, "destroyed at zero");
+    cr_assert_eq(state.refcount, 0);
+    cr_assert_eq(cuDevicePrimaryCtxRelease_v2(0), 201);
+
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&second, 0), 0);
+    cr_assert_neq(second, first, "a new context, a new handle");
+    cr_assert_eq(fake_cuda_contexts_created(), 2);
+
+    /* Reset destroys it whatever its count, and keeps the count. */
+    cr_assert_eq(cuDevicePrimaryCtxReset_v2(0), 0);
+    state = primary_state(0);
+    cr_assert_eq(state.active, 0);
+    cr_assert_eq(state.refcount, 1);
+    cr_assert_eq(cuDevicePrimaryCtxReset(0), 0, "resetting an inactive one is fine");
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&third, 0), 0);
+    cr_assert_eq(primary_state(0).refcount, 2);
+    cr_assert_eq(primary_state(0).active, 1);
+    cr_assert_eq(fake_cuda_contexts_created(), 3);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(NULL, 0), 1);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_PRIMARY_CTX_RETAIN), 5);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_PRIMARY_CTX_RELEASE), 1);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_PRIMARY_CTX_RELEASE_V2), 3);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_PRIMARY_CTX_RESET), 1);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_PRIMARY_CTX_RESET_V2), 1);
+    cr_assert_eq(fake_cuda_call_count_by(FAKE_CU_CALL_PRIMARY_CTX_RETAIN, SELF), 5);
+    cr_assert_eq(fake_cuda_call_count_by(FAKE_CU_CALL_PRIMARY_CTX_RETAIN, RUNTIME), 0);
+}
+
+Test(fake_cuda, context_stack)
+{
+    fresh_state("FAKE_CUDA_DEVICES", "2");
+    CUcontext current = (CUcontext)1, popped = NULL, zero = NULL, one = NULL;
+    CUdevice device = -1;
+    cr_assert_eq(cuInit(0), 0);
+    cr_assert_eq(cuCtxGetCurrent(&current), 0);
+    cr_assert_null(current);
+    cr_assert_eq(cuCtxPopCurrent_v2(&popped), 201, "empty stack");
+    cr_assert_eq(cuCtxGetDevice(&device), 201, "no current context");
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&zero, 0), 0);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&one, 1), 0);
+
+    cr_assert_eq(cuCtxPushCurrent_v2(zero), 0);
+    cr_assert_eq(cuCtxPushCurrent(one), 0, "the unversioned alias");
+    cr_assert_eq(fake_cuda_context_stack_depth(), 2);
+    cr_assert_eq(cuCtxGetCurrent(&current), 0);
+    cr_assert_eq(current, one);
+    cr_assert_eq(cuCtxGetDevice(&device), 0);
+    cr_assert_eq(device, 1);
+    cr_assert_eq(cuCtxPopCurrent_v2(&popped), 0);
+    cr_assert_eq(popped, one);
+    cr_assert_eq(cuCtxGetDevice(&device), 0);
+    cr_assert_eq(device, 0, "the previous context is current again");
+    cr_assert_eq(cuCtxPopCurrent(NULL), 0, "the unversioned alias, result not wanted");
+    cr_assert_eq(fake_cuda_context_stack_depth(), 0);
+
+    /* SetCurrent replaces the top; on an empty stack it pushes; NULL pops. */
+    cr_assert_eq(cuCtxSetCurrent(one), 0);
+    cr_assert_eq(fake_cuda_context_stack_depth(), 1);
+    cr_assert_eq(cuCtxPushCurrent_v2(one), 0);
+    cr_assert_eq(cuCtxSetCurrent(zero), 0);
+    cr_assert_eq(fake_cuda_context_stack_depth(), 2);
+    cr_assert_eq(fake_cuda_context_stack_top(), (void *)zero);
+    cr_assert_eq(cuCtxSetCurrent(NULL), 0);
+    cr_assert_eq(fake_cuda_context_stack_top(), (void *)one);
+    cr_assert_eq(cuCtxSetCurrent(NULL), 0);
+    cr_assert_eq(cuCtxSetCurrent(NULL), 0, "a no-op on an empty stack");
+    cr_assert_eq(fake_cuda_context_stack_depth(), 0);
+
+    /* Bad handles. */
+    cr_assert_eq(cuCtxPushCurrent_v2(NULL), 1);
+    cr_assert_eq(cuCtxPushCurrent_v2((CUcontext)fake_address(0)), 201);
+    cr_assert_eq(cuCtxSetCurrent((CUcontext)fake_address(0)), 201);
+
+    /* The stack holds 32. */
+    for (int i = 0; i < FAKE_CUDA_STACK_DEPTH; i++)
+        cr_assert_eq(cuCtxPushCurrent_v2(zero), 0);
+    cr_assert_eq(cuCtxPushCurrent_v2(zero), 2, "full");
+    cr_assert_eq(fake_cuda_context_stack_depth(), FAKE_CUDA_STACK_DEPTH);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_CTX_PUSH_CURRENT), 1);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_CTX_PUSH_CURRENT_V2), 37);
+}
+
+/* What the shim must do on a thread that has the program's context current:
+ * push its own choice, register, pop; the thread's stack is as before. */
+Test(fake_cuda, push_register_pop_leaves_the_stack_as_before)
+{
+    fresh_state("FAKE_CUDA_DEVICES", "2");
+    CUcontext program = init_and_make_current(1);
+    CUcontext other = NULL, popped = NULL;
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&other, 0), 0);
+    cr_assert_eq(cuCtxPushCurrent_v2(other), 0);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 0);
+    cr_assert_eq(cuCtxPopCurrent_v2(&popped), 0);
+    cr_assert_eq(popped, other);
+    cr_assert_eq(fake_cuda_context_stack_depth(), 1);
+    cr_assert_eq(fake_cuda_context_stack_top(), (void *)program);
+    struct fake_cuda_registration registration;
+    cr_assert_eq(fake_cuda_lookup(fake_address(10), &registration), 1);
+    cr_assert_eq(registration.device, 0, "registered where the pushed context was");
+    cr_assert_eq(registration.context, (void *)other);
+}
+
+static CUcontext shared_context;
+static int other_thread_results[8];
+
+static void *other_thread_stack(void *unused)
+{
+    (void)unused;
+    CUcontext current = (CUcontext)1;
+    other_thread_results[0] = cuCtxGetCurrent(&current);
+    other_thread_results[1] = current == NULL;
+    other_thread_results[2] = cuCtxPushCurrent_v2(shared_context);
+    other_thread_results[3] = (int)fake_cuda_context_stack_depth();
+    return NULL;
+}
+
+Test(fake_cuda, stacks_are_per_thread)
+{
+    fresh_state(NULL, NULL);
+    shared_context = init_and_make_current(0);
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, other_thread_stack, NULL), 0);
+    cr_assert_eq(pthread_join(thread, NULL), 0);
+    cr_assert_eq(other_thread_results[0], 0);
+    cr_assert(other_thread_results[1], "a new thread has no current context");
+    cr_assert_eq(other_thread_results[2], 0);
+    cr_assert_eq(other_thread_results[3], 1);
+    cr_assert_eq(fake_cuda_context_stack_depth(), 1, "ours is untouched");
+}
+
+Test(fake_cuda, created_contexts)
+{
+    fresh_state("FAKE_CUDA_DEVICES", "3");
+    CUcontext primary = init_and_make_current(0);
+    CUcontext created = NULL;
+    CUdevice device = -1;
+    cr_assert_eq(fake_cuda_contexts_created(), 1);
+    cr_assert_eq(cuCtxCreate_v2(&created, 0, 2), 0);
+    cr_assert_neq(created, primary);
+    cr_assert_eq(fake_cuda_contexts_created(), 2);
+    cr_assert_eq(fake_cuda_contexts_created_on(2), 1);
+    cr_assert_eq(fake_cuda_contexts_created_by(SELF), 2);
+    cr_assert_eq(fake_cuda_context_stack_depth(), 2, "created contexts are pushed");
+    cr_assert_eq(cuCtxGetDevice(&device), 0);
+    cr_assert_eq(device, 2);
+    cr_assert_eq(cuCtxDestroy_v2(primary), 201, "a primary context is not destroyed so");
+    cr_assert_eq(cuCtxDestroy_v2(NULL), 1);
+    cr_assert_eq(cuCtxDestroy_v2(created), 0);
+    cr_assert_eq(fake_cuda_context_stack_top(), (void *)primary, "popped from our stack");
+    cr_assert_eq(cuCtxDestroy_v2(created), 201, "twice");
+    cr_assert_eq(cuCtxCreate_v2(NULL, 0, 0), 1);
+    /* At most 64 live at once. */
+    CUcontext many[FAKE_CUDA_MAX_CREATED_CONTEXTS];
+    CUcontext popped;
+    for (int i = 0; i < FAKE_CUDA_MAX_CREATED_CONTEXTS; i++) {
+        cr_assert_eq(cuCtxCreate_v2(&many[i], 0, 1), 0);
+        cr_assert_eq(cuCtxPopCurrent_v2(&popped), 0);
+    }
+    cr_assert_eq(cuCtxCreate_v2(&created, 0, 1), 2);
+    cr_assert_eq(cuCtxDestroy_v2(many[7]), 0);
+    cr_assert_eq(cuCtxCreate_v2(&created, 0, 1), 0, "a slot came free");
+    cr_assert_eq(fake_cuda_contexts_created_on(1), FAKE_CUDA_MAX_CREATED_CONTEXTS + 1);
+}
+
+Test(fake_cuda, register_rules)
+{
+    fresh_state("FAKE_CUDA_DEVICES", "2");
+    cr_assert_eq(cuInit(0), 0);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 201, "no current context");
+    cr_assert_eq(cuMemHostUnregister(fake_address(0)), 201);
+    CUcontext zero = init_and_make_current(0);
+    CUcontext one = NULL, popped;
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&one, 1), 0);
+
+    cr_assert_eq(cuMemHostRegister_v2(NULL, 4096, 0), 1);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 0, 0), 1);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0x10), 1);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), SIZE_MAX, 0), 1, "wraps around");
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 8192, 0x0F), 0);
+    cr_assert_eq(cuMemHostRegister(fake_address(8192), 4096, 1), 0, "the unversioned alias");
+
+    /* Overlap with a registration of another context is still overlap. */
+    cr_assert_eq(cuCtxPushCurrent_v2(one), 0);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(4096), 8192, 0), 712);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(16384), 4096, 2), 0);
+    cr_assert_eq(cuCtxPopCurrent_v2(&popped), 0);
+
+    struct fake_cuda_registration all[4];
+    cr_assert_eq(fake_cuda_snapshot(all, 4), 3);
+    cr_assert_eq(all[0].base, (uintptr_t)fake_address(0));
+    cr_assert_eq(all[0].flags, 0x0Fu);
+    cr_assert_eq(all[0].device, 0);
+    cr_assert_eq(all[0].context, (void *)zero);
+    cr_assert_eq(all[0].state, FAKE_CUDA_REGISTRATION_LIVE);
+    cr_assert_eq(all[1].flags, 1u);
+    cr_assert_eq(all[2].device, 1);
+    cr_assert_eq(all[2].context, (void *)one);
+    cr_assert_eq(fake_cuda_registrations_on_device(0), 2);
+    cr_assert_eq(fake_cuda_registrations_on_device(1), 1);
+    cr_assert_eq(fake_cuda_registrations_in_context(one), 1);
+    cr_assert_eq(fake_cuda_snapshot_from((uintptr_t)fake_address(1), all, 4), 2);
+
+    /* Unregistration: from any live context (portable memory). */
+    cr_assert_eq(cuMemHostUnregister(fake_address(4096)), 1, "interior");
+    cr_assert_eq(cuMemHostUnregister(fake_address(1 << 20)), 713, "unknown");
+    cr_assert_eq(cuMemHostUnregister(fake_address(16384)), 0, "made in device 1's context");
+    cr_assert_eq(cuMemHostUnregister(fake_address(16384)), 713, "twice");
+    cr_assert_eq(fake_cuda_live_count(), 2);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_MEM_HOST_REGISTER_V2), 8);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_MEM_HOST_REGISTER), 1);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_MEM_HOST_UNREGISTER), 5);
+}
+
+Test(fake_cuda, max_register_bytes)
+{
+    fresh_state("FAKE_CUDA_MAX_REGISTER_BYTES", "1G");
+    init_and_make_current(0);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), GiB + 1, 0), 2);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), GiB, 0), 0);
+    cr_assert_eq(cudaHostRegister(fake_address(2 * GiB), GiB + 4096, 0), 2, "through the runtime");
+    cr_assert_eq(cudaGetLastError(), 2);
+
+    /* Real R580+ drivers refuse 512 GiB and more. */
+    setenv("FAKE_CUDA_MAX_REGISTER_BYTES", "549755813887", 1);
+    fake_cuda_reload_config();
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(4 * GiB), 512 * GiB, 0), 2);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(4 * GiB), 512 * GiB - 1, 0), 0);
+
+    setenv("FAKE_CUDA_MAX_REGISTER_BYTES", "lots", 1);
+    fake_cuda_reload_config();
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(1024 * GiB), 4096 * GiB, 0), 0,
+                 "a bad value means unlimited");
+}
+
+/* The fault injection lives in the driver: the runtime path and the direct
+ * driver path count together. */
+Test(fake_cuda, injected_failures_on_both_paths)
+{
+    fresh_state("FAKE_CUDART_FAIL_REGISTER_EVERY", "2");
+    setenv("FAKE_CUDART_FAIL_ERROR", "999", 1);
+    setenv("FAKE_CUDART_FAIL_UNREGISTER_EVERY", "2", 1);
+    fake_cuda_reset();
+    init_and_make_current(0);
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 0);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(4096), 4096, 0), 999);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(4096), 4096, 0), 0);
+    cr_assert_eq(cudaHostRegister(fake_address(8192), 4096, 0), 999);
+    cr_assert_eq(cudaGetLastError(), 999);
+    cr_assert_eq(fake_cuda_live_count(), 2);
+    cr_assert_eq(cuMemHostUnregister(fake_address(0)), 0);
+    cr_assert_eq(cudaHostUnregister(fake_address(4096)), 999);
+    cr_assert_eq(fake_cuda_live_count(), 1);
+    fake_cudart_set_fail_every(0, 1, 801);
+    cr_assert_eq(cuMemHostUnregister(fake_address(4096)), 801, "set through the runtime");
+    fake_cuda_set_fail_every(0, 0, 0);
+    cr_assert_eq(cuMemHostUnregister(fake_address(4096)), 0);
+}
+
+/* Destroying a context (any of three ways) drops the registrations made in
+ * it, and leaves it destroyed (709) where it is still current. */
+Test(fake_cuda, destroying_a_context_drops_its_registrations)
+{
+    fresh_state(NULL, NULL);
+    CUcontext primary = init_and_make_current(0);
+    CUcontext created = NULL, current = NULL;
+    CUdevice device;
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 0);
+    cr_assert_eq(cuCtxCreate_v2(&created, 0, 0), 0);
+    for (uintptr_t i = 1; i <= 300; i++)
+        cr_assert_eq(cuMemHostRegister_v2(fake_address(i * 4096), 4096, 0), 0);
+    cr_assert_eq(fake_cuda_registrations_in_context(created), 300);
+    cr_assert_eq(cuCtxDestroy_v2(created), 0);
+    cr_assert_eq(fake_cuda_live_count(), 1, "the created context's 300 went with it");
+    cr_assert_eq(fake_cuda_registrations_in_context(primary), 1);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(4096), 4096, 0), 0, "that memory is free");
+
+    /* Release to zero: the primary context's go too; it stays current here. */
+    cr_assert_eq(cuDevicePrimaryCtxRelease_v2(0), 0);
+    cr_assert_eq(fake_cuda_live_count(), 0);
+    cr_assert_eq(cuCtxGetCurrent(&current), 0);
+    cr_assert_eq(current, primary, "Release never pops");
+    cr_assert_eq(cuCtxGetDevice(&device), 709);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 709);
+    cr_assert_eq(cuMemHostUnregister(fake_address(0)), 709);
+    cr_assert_eq(cuCtxPushCurrent_v2(primary), 201, "a destroyed context cannot be pushed");
+
+    /* Reset: the same, whatever the count. */
+    CUcontext again = NULL;
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&again, 0), 0);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&again, 0), 0);
+    cr_assert_eq(cuCtxSetCurrent(again), 0);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 0);
+    cr_assert_eq(cuDevicePrimaryCtxReset_v2(0), 0);
+    cr_assert_eq(fake_cuda_live_count(), 0);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 709);
+}
+
+static void *register_in_destroyed_context(void *context)
+{
+    intptr_t results = 0;
+    CUdevice device;
+    results |= (intptr_t)(cuCtxSetCurrent(context) == 0) << 0;
+    /* ... main destroys the context, then creates another ... */
+    while (fake_cuda_contexts_created() < 2) {
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+    results |= (intptr_t)(cuCtxGetDevice(&device) == 709) << 1;
+    results |= (intptr_t)(cuMemHostRegister_v2(fake_address(1 << 20), 4096, 0) == 709) << 2;
+    return (void *)results;
+}
+
+/* A context destroyed by another thread stays current here, destroyed. */
+Test(fake_cuda, destroyed_elsewhere_is_709_here)
+{
+    fresh_state(NULL, NULL);
+    cr_assert_eq(cuInit(0), 0);
+    CUcontext created = NULL, popped;
+    cr_assert_eq(cuCtxCreate_v2(&created, 0, 0), 0);
+    cr_assert_eq(cuCtxPopCurrent_v2(&popped), 0);
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, register_in_destroyed_context, created), 0);
+    while (fake_cuda_call_count(FAKE_CU_CALL_CTX_SET_CURRENT) < 1) {
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+    cr_assert_eq(cuCtxDestroy_v2(created), 0);
+    CUcontext other = NULL;
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&other, 0), 0, "a second creation lets it go on");
+    void *results;
+    cr_assert_eq(pthread_join(thread, &results), 0);
+    cr_assert_eq((intptr_t)results, 7, "set current, then 709 twice (bits: %ld)",
+                 (long)(intptr_t)results);
+}
+
+/* ---- The runtime on the driver. ---- */
+
+Test(fake_cuda, runtime_creates_device_0_context_for_a_thread_without_one)
+{
+    fresh_state(NULL, NULL);
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 0);
+    cr_assert_eq(fake_cuda_contexts_created(), 1);
+    cr_assert_eq(fake_cuda_contexts_created_on(0), 1);
+    cr_assert_eq(fake_cuda_contexts_created_by(SELF), 1, "attributed to the runtime's caller");
+    cr_assert_eq(fake_cuda_contexts_created_by(RUNTIME), 0);
+    struct fake_cuda_primary_state state = primary_state(0);
+    cr_assert_eq(state.active, 1);
+    cr_assert_eq(state.refcount, 1, "the runtime holds one reference");
+    cr_assert_eq(fake_cuda_context_stack_top(), state.context, "and made it current here");
+    cr_assert_eq(fake_cuda_registrations_on_device(0), 1);
+    struct fake_cuda_registration registration;
+    cr_assert_eq(fake_cuda_lookup(fake_address(0), &registration), 1);
+    cr_assert_eq(registration.flags, 3u, "cudaHostRegisterDefault is PORTABLE|DEVICEMAP");
+    cr_assert_eq(registration.context, state.context);
+    /* The runtime's calls into the driver are its own. */
+    cr_assert_eq(fake_cuda_call_count_by(FAKE_CU_CALL_MEM_HOST_REGISTER_V2, RUNTIME), 1);
+    cr_assert_eq(fake_cuda_call_count_by(FAKE_CU_CALL_MEM_HOST_REGISTER_V2, SELF), 0);
+    cr_assert_eq(fake_cuda_call_count_by(FAKE_CU_CALL_INTERNAL_PRIMARY_CTX_RETAIN, RUNTIME), 1);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_PRIMARY_CTX_RETAIN), 0);
+
+    /* Later calls reuse it. */
+    cr_assert_eq(cudaHostRegister(fake_address(4096), 4096, 0), 0);
+    cr_assert_eq(fake_cuda_contexts_created(), 1);
+    struct fake_cuda_caller callers[8];
+    size_t count = fake_cuda_callers(callers, 8);
+    bool saw_self = false, saw_runtime = false;
+    for (size_t i = 0; i < count; i++) {
+        saw_self |= strstr(callers[i].object, SELF) && callers[i].contexts_created == 1;
+        saw_runtime |= strstr(callers[i].object, RUNTIME) && callers[i].calls > 0 &&
+                       callers[i].contexts_created == 0;
+    }
+    cr_assert(saw_self && saw_runtime, "callers: %zu", count);
+}
+
+static int other_thread_device = -1;
+
+static void *register_without_choosing_a_device(void *unused)
+{
+    (void)unused;
+    int error = cudaHostRegister(fake_address(1 << 20), 4096, 0);
+    cudaGetDevice(&other_thread_device);
+    return (void *)(intptr_t)error;
+}
+
+Test(fake_cuda, set_device_3_then_another_thread_creates_a_context_on_device_0)
+{
+    fresh_state("FAKE_CUDA_DEVICES", "4");
+    cr_assert_eq(cudaSetDevice(3), 0);
+    cr_assert_eq(fake_cuda_contexts_created_on(3), 1, "CUDA 12+: set device initialises");
+    cr_assert_eq(fake_cuda_contexts_created_on(0), 0);
+    pthread_t thread;
+    void *error;
+    cr_assert_eq(pthread_create(&thread, NULL, register_without_choosing_a_device, NULL), 0);
+    cr_assert_eq(pthread_join(thread, &error), 0);
+    cr_assert_eq((intptr_t)error, 0);
+    cr_assert_eq(fake_cuda_contexts_created_on(0), 1, "the other thread made device 0's");
+    cr_assert_eq(fake_cuda_contexts_created_by(SELF), 2);
+    cr_assert_eq(fake_cuda_registrations_on_device(0), 1);
+    cr_assert_eq(fake_cuda_registrations_on_device(3), 0);
+    cr_assert_eq(other_thread_device, 0);
+    int device = -1;
+    cr_assert_eq(cudaGetDevice(&device), 0);
+    cr_assert_eq(device, 3);
+    cr_assert_eq(cudaSetDevice(4), 101);
+    cr_assert_eq(cudaGetLastError(), 101);
+    cr_assert_eq(cudaSetDevice(-1), 101);
+}
+
+Test(fake_cuda, runtime_uses_the_context_current_in_the_driver)
+{
+    fresh_state("FAKE_CUDA_DEVICES", "3");
+    cr_assert_eq(cuInit(0), 0);
+    CUcontext created = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&created, 0, 2), 0);
+    cr_assert_eq(fake_cuda_contexts_created(), 1);
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 0);
+    cr_assert_eq(fake_cuda_contexts_created(), 1, "no primary context made");
+    cr_assert_eq(fake_cuda_registrations_in_context(created), 1);
+    int device = -1;
+    cr_assert_eq(cudaGetDevice(&device), 0);
+    cr_assert_eq(device, 2, "the current context's device");
+    cr_assert_eq(cudaFree(NULL), 0);
+    cr_assert_eq(fake_cuda_contexts_created(), 1);
+
+    /* A destroyed context current here, and not a primary context the
+     * runtime holds, is the caller's problem: 709. */
+    CUcontext mine = NULL;
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&mine, 1), 0);
+    cr_assert_eq(cuCtxPushCurrent_v2(mine), 0);
+    cr_assert_eq(cuDevicePrimaryCtxRelease_v2(1), 0); /* destroyed, never popped */
+    cr_assert_eq(cudaHostRegister(fake_address(8192), 4096, 0), 709);
+    cr_assert_eq(cudaGetLastError(), 709);
+    cr_assert_eq(cudaGetDevice(&device), 0, "reports the thread's device");
+    cr_assert_eq(device, 0);
+}
+
+Test(fake_cuda, runtime_and_driver_share_registrations)
+{
+    fresh_state(NULL, NULL);
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 0);
+    cr_assert_eq(cuMemHostUnregister(fake_address(0)), 0, "the runtime's context is current");
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(8192), 4096, 0), 0);
+    int attributes[4] = {0};
+    cr_assert_eq(cudaPointerGetAttributes(attributes, fake_address(8192 + 5)), 0);
+    cr_assert_eq(attributes[0], 1, "the runtime sees the driver's registration");
+    cr_assert_eq(cudaHostRegister(fake_address(8192), 16, 0), 712);
+    cr_assert_eq(cudaHostUnregister(fake_address(8192)), 0);
+    cr_assert_eq(fake_cudart_live_count(), 0);
+    cr_assert_eq(fake_cuda_live_count(), 0);
+}
+
+static void *register_once(void *base)
+{
+    return (void *)(intptr_t)cudaHostRegister(base, 4096, 0);
+}
+
+Test(fake_cuda, runtime_keeps_one_reference_per_device)
+{
+    fresh_state(NULL, NULL);
+    pthread_t threads[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&threads[i], NULL, register_once, fake_address(i * 4096)), 0);
+    for (int i = 0; i < 4; i++) {
+        void *error;
+        cr_assert_eq(pthread_join(threads[i], &error), 0);
+        cr_assert_eq((intptr_t)error, 0);
+    }
+    cr_assert_eq(fake_cuda_contexts_created(), 1);
+    cr_assert_eq(primary_state(0).refcount, 1);
+    cr_assert_eq(fake_cuda_live_count(), 4);
+}
+
+Test(fake_cuda, device_reset_drops_registrations_and_the_runtime_recovers)
+{
+    fresh_state(NULL, NULL);
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 0);
+    void *before = primary_state(0).context;
+    cr_assert_eq(cudaDeviceReset(), 0);
+    cr_assert_eq(fake_cuda_live_count(), 0);
+    cr_assert_eq(primary_state(0).active, 0);
+    cr_assert_eq(primary_state(0).refcount, 1, "the runtime keeps its reference");
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 0, "brought back");
+    cr_assert_eq(fake_cuda_contexts_created(), 2);
+    cr_assert_neq(primary_state(0).context, before);
+    cr_assert_eq(fake_cuda_context_stack_top(), primary_state(0).context);
+    cr_assert_eq(primary_state(0).refcount, 1);
+}
+
+Test(fake_cuda, runtime_calls_that_create_and_those_that_do_not)
+{
+    fresh_state(NULL, NULL);
+    int count = -1, device = -1;
+    cr_assert_eq(cudaGetDeviceCount(&count), 0);
+    cr_assert_eq(count, 1);
+    cr_assert_eq(fake_cuda_initialized(), 1, "cudaGetDeviceCount initialises");
+    cr_assert_eq(cudaGetDevice(&device), 0);
+    cr_assert_eq(device, 0);
+    cr_assert_eq(cudaGetLastError(), 0);
+    cr_assert_eq(cudaPeekAtLastError(), 0);
+    cr_assert_eq(fake_cuda_contexts_created(), 0, "none of those creates a context");
+    cr_assert_eq(cudaDeviceSynchronize(), 0);
+    cr_assert_eq(fake_cuda_contexts_created(), 1);
+
+    fresh_state(NULL, NULL);
+    cr_assert_eq(cudaFree(NULL), 0, "the usual way to initialise");
+    cr_assert_eq(fake_cuda_contexts_created(), 1);
+    cr_assert_eq(cudaFree(fake_address(0)), 1, "device memory is not modelled");
+
+    fresh_state(NULL, NULL);
+    int attributes[2];
+    cr_assert_eq(cudaPointerGetAttributes(attributes, fake_address(0)), 0);
+    cr_assert_eq(attributes[0], 0);
+    cr_assert_eq(fake_cuda_contexts_created(), 1);
+}
+
+/* Runs child_body in a fork child and returns its exit status (0: passed). */
+static int in_fork_child(int (*child_body)(void))
+{
+    fflush(NULL);
+    pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0)
+        _exit(child_body());
+    int status;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert(WIFEXITED(status), "child status %d", status);
+    return WEXITSTATUS(status);
+}
+
+/* Each failed check gives its own exit status. */
+static int child_of_initialised_parent(void)
+{
+    CUcontext context = NULL;
+    int count = -1;
+    if (cuInit(0) != 3)
+        return 10;
+    if (cuDeviceGetCount(&count) != 3)
+        return 11;
+    if (cuDevicePrimaryCtxRetain(&context, 0) != 3)
+        return 12;
+    if (cuCtxGetCurrent(&context) != 3)
+        return 13;
+    if (cuMemHostRegister_v2(fake_address(1 << 20), 4096, 0) != 3)
+        return 14;
+    if (cuMemHostUnregister(fake_address(0)) != 3)
+        return 15;
+    if (fake_cuda_live_count() != 0 || fake_cuda_contexts_created() != 0)
+        return 16;
+    if (fake_cuda_primary_state(0, &(struct fake_cuda_primary_state){0}) != 0)
+        return 17;
+    if (cudaHostRegister(fake_address(1 << 20), 4096, 0) != 3)
+        return 18;
+    if (cudaFree(NULL) != 3 || cudaGetDeviceCount(&count) != 3)
+        return 19;
+    if (cudaGetLastError() != 3)
+        return 20;
+    return 0;
+}
+
+Test(fake_cuda, fork_child_of_an_initialised_parent_gets_3_everywhere)
+{
+    fresh_state(NULL, NULL);
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 0);
+    cr_assert_eq(in_fork_child(child_of_initialised_parent), 0);
+    cr_assert_eq(fake_cuda_live_count(), 1, "the parent's state is its own");
+    cr_assert_eq(cudaHostUnregister(fake_address(0)), 0);
+}
+
+/* A parent that used only the driver: the child's runtime gets 3 too. */
+static int child_runtime_of_driver_parent(void)
+{
+    if (cudaHostRegister(fake_address(1 << 20), 4096, 0) != 3)
+        return 10;
+    if (cudaGetLastError() != 3)
+        return 11;
+    return 0;
+}
+
+Test(fake_cuda, fork_child_of_a_driver_only_parent)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    cr_assert_eq(in_fork_child(child_runtime_of_driver_parent), 0);
+}
+
+static int child_of_uninitialised_parent(void)
+{
+    if (cudaHostRegister(fake_address(1 << 20), 4096, 0) != 0)
+        return 10;
+    if (fake_cuda_contexts_created() != 1 || fake_cuda_live_count() != 1)
+        return 11;
+    return 0;
+}
+
+Test(fake_cuda, fork_child_of_an_uninitialised_parent_can_initialise)
+{
+    fresh_state(NULL, NULL);
+    cr_assert_eq(fake_cuda_initialized(), 0);
+    cr_assert_eq(in_fork_child(child_of_uninitialised_parent), 0);
+    cr_assert_eq(fake_cuda_initialized(), 0);
+}
+
+Test(fake_cuda, deinitialized_after_the_exit_handler)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    fake_cuda_simulate_exit();
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 0, "not configured: no effect");
+
+    fresh_state("FAKE_CUDA_UNLOAD_AT_EXIT", "1");
+    init_and_make_current(0);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 0);
+    fake_cuda_simulate_exit();
+    CUcontext context;
+    int version = 0;
+    cr_assert_eq(cuInit(0), 4);
+    cr_assert_eq(cuCtxGetCurrent(&context), 4);
+    cr_assert_eq(cuMemHostUnregister(fake_address(0)), 4);
+    cr_assert_eq(cuDevicePrimaryCtxRelease_v2(0), 4);
+    cr_assert_eq(cuDriverGetVersion(&version), 0, "pure calls still answer");
+    cr_assert_eq(cudaHostUnregister(fake_address(0)), 4, "the runtime maps it to CudartUnloading");
+    cr_assert_eq(cudaGetLastError(), 4);
+    cr_assert_eq(fake_cuda_live_count(), 1, "kept for queries");
+}
+
+/* ---- Latency, slept without the double's lock. ---- */
+
+static bool one_registration_in_flight(void)
+{
+    return fake_cuda_registrations_in_flight() == 1;
+}
+
+static bool one_unregistration_in_flight(void)
+{
+    return fake_cuda_unregistrations_in_flight() == 1;
+}
+
+static void *register_one_gib(void *unused)
+{
+    (void)unused;
+    return (void *)(intptr_t)cudaHostRegister(fake_address(0), GiB, 0);
+}
+
+/* The first thread sleeps (1000 s per GiB) until woken; a second one
+ * registers, and completes, meanwhile. Were the lock held across the sleep,
+ * the second registration would wait for the first, which only ends when we
+ * wake it after the second returns: the test would hang until meson's
+ * timeout fails it. (No Criterion .timeout on these: two tests with one,
+ * running at once, make Criterion's runner leak 48 bytes that
+ * scripts/sanitize's LeakSanitizer reports.) */
+Test(fake_cuda, latency_is_slept_without_the_lock)
+{
+    fresh_state("FAKE_CUDA_REGISTER_SECONDS_PER_GIB", "1000");
+    setenv("FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB", "0", 1);
+    fake_cuda_reset();
+    cr_assert_eq(cudaFree(NULL), 0);
+    pthread_t first;
+    cr_assert_eq(pthread_create(&first, NULL, register_one_gib, NULL), 0);
+    cr_assert(wait_until(one_registration_in_flight, "the first registration's sleep"));
+
+    struct fake_cuda_registration reserved;
+    cr_assert_eq(fake_cuda_snapshot(&reserved, 1), 1);
+    cr_assert_eq(reserved.state, FAKE_CUDA_REGISTRATION_REGISTERING);
+    cr_assert_eq(fake_cuda_live_count(), 0, "not live while registering");
+    cr_assert_eq(cudaHostRegister(fake_address(4096), 4096, 0), 712, "but reserved");
+    cr_assert_eq(cudaHostUnregister(fake_address(0)), 713, "not registered yet");
+
+    /* 4 KiB at 1000 s/GiB: about 4 ms, slept while the first still sleeps. */
+    cr_assert_eq(cudaHostRegister(fake_address(2 * GiB), 4096, 0), 0);
+    cr_assert_eq(fake_cuda_registrations_completed(), 1, "the second completed");
+    cr_assert_eq(fake_cuda_registrations_in_flight(), 1, "while the first still sleeps");
+    cr_assert_eq(fake_cuda_live_count(), 1);
+
+    fake_cuda_wake_sleepers();
+    void *error;
+    cr_assert_eq(pthread_join(first, &error), 0);
+    cr_assert_eq((intptr_t)error, 0);
+    cr_assert_eq(fake_cuda_registrations_completed(), 2);
+    cr_assert_eq(fake_cuda_live_count(), 2);
+}
+
+static void *unregister_one_gib(void *unused)
+{
+    (void)unused;
+    return (void *)(intptr_t)cudaHostUnregister(fake_address(0));
+}
+
+/* Unregistration sleeps a tenth of the register rate unless told otherwise;
+ * meanwhile the range is neither live nor free. */
+Test(fake_cuda, unregistration_latency)
+{
+    fresh_state("FAKE_CUDA_REGISTER_SECONDS_PER_GIB", "0");
+    setenv("FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB", "1000", 1);
+    fake_cuda_reset();
+    cr_assert_eq(cudaHostRegister(fake_address(0), GiB, 0), 0, "no register latency");
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, unregister_one_gib, NULL), 0);
+    cr_assert(wait_until(one_unregistration_in_flight, "the unregistration's sleep"));
+    cr_assert_eq(fake_cuda_live_count(), 0);
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 712, "still reserved");
+    cr_assert_eq(cudaHostUnregister(fake_address(0)), 713, "already going");
+    int attributes[1];
+    cr_assert_eq(cudaPointerGetAttributes(attributes, fake_address(0)), 0);
+    cr_assert_eq(attributes[0], 0);
+    fake_cuda_wake_sleepers();
+    void *error;
+    cr_assert_eq(pthread_join(thread, &error), 0);
+    cr_assert_eq((intptr_t)error, 0);
+    cr_assert_eq(fake_cuda_snapshot(NULL, 0), 0);
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 0, "free again");
+
+    /* Unset, the unregister rate follows the register rate (a tenth of it). */
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    cr_assert_eq(cuMemHostRegister_v2(fake_address(0), GiB, 0), 0, "no latency by default");
+    setenv("FAKE_CUDA_REGISTER_SECONDS_PER_GIB", "10000", 1);
+    fake_cuda_reload_config();
+    cr_assert_eq(pthread_create(&thread, NULL, unregister_one_gib, NULL), 0);
+    cr_assert(wait_until(one_unregistration_in_flight, "the default-rate unregistration"));
+    fake_cuda_wake_sleepers();
+    cr_assert_eq(pthread_join(thread, &error), 0);
+    cr_assert_eq((intptr_t)error, 0);
+    cr_assert_eq(fake_cuda_live_count(), 0);
+}
+
+static void *register_one_gib_in_created_context(void *context)
+{
+    if (cuCtxSetCurrent(context) != 0)
+        return (void *)(intptr_t)-1;
+    return (void *)(intptr_t)cuMemHostRegister_v2(fake_address(0), GiB, 0);
+}
+
+Test(fake_cuda, context_destroyed_while_a_registration_sleeps)
+{
+    fresh_state("FAKE_CUDA_REGISTER_SECONDS_PER_GIB", "1000");
+    cr_assert_eq(cuInit(0), 0);
+    CUcontext created = NULL, popped;
+    cr_assert_eq(cuCtxCreate_v2(&created, 0, 0), 0);
+    cr_assert_eq(cuCtxPopCurrent_v2(&popped), 0);
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, register_one_gib_in_created_context, created), 0);
+    cr_assert(wait_until(one_registration_in_flight, "the registration's sleep"));
+    cr_assert_eq(cuCtxDestroy_v2(created), 0);
+    fake_cuda_wake_sleepers();
+    void *error;
+    cr_assert_eq(pthread_join(thread, &error), 0);
+    cr_assert_eq((intptr_t)error, 709);
+    cr_assert_eq(fake_cuda_snapshot(NULL, 0), 0);
+    struct fake_cuda_registration any;
+    cr_assert_eq(fake_cuda_snapshot(&any, 1), 0, "nothing left");
+}
+
+/* ---- Big registrations: bookkeeping never touches the memory. ---- */
+
+/* 200 GiB locked without a page of memory: PROT_NONE, locked with
+ * mlock2(MLOCK_ONFAULT) (VmFlags "lo lf"). A plain mlock would try to fault
+ * every page in, which Linux refuses for PROT_NONE with ENOMEM. */
+Test(fake_cuda, a_200_gib_prot_none_locked_mapping_registers)
+{
+    fresh_state("FAKE_CUDART_CHECK", "1");
+    const size_t bytes = 200 * (size_t)GiB;
+    void *memory = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (memory == MAP_FAILED)
+        cr_skip_test("cannot reserve 200 GiB of address space: %s", strerror(errno));
+    if (syscall(SYS_mlock2, memory, bytes, MLOCK_ONFAULT) != 0) {
+        int error = errno;
+        munmap(memory, bytes);
+        cr_skip_test("mlock2(MLOCK_ONFAULT) of a 200 GiB PROT_NONE mapping failed (%s): "
+                     "needs root or CAP_IPC_LOCK, or RLIMIT_MEMLOCK above 200 GiB",
+                     strerror(error));
+    }
+    init_and_make_current(0);
+    cr_assert_eq(cuMemHostRegister_v2(memory, bytes, 0), 0);
+    cr_assert_eq(fake_cuda_violation_count(), 0, "mapped and locked");
+    cr_assert_eq(fake_cuda_live_count(), 1);
+    struct fake_cuda_registration registration;
+    cr_assert_eq(fake_cuda_lookup((char *)memory + bytes - 1, &registration), 1);
+    cr_assert_eq(registration.size, bytes);
+    cr_assert_eq(cuMemHostRegister_v2((char *)memory + 100 * GiB, 4096, 0), 712);
+    cr_assert_eq(cuMemHostUnregister(memory), 0);
+    cr_assert_eq(fake_cuda_violation_count(), 0);
+    /* The checks do look: unlocked, the same range is a violation. */
+    cr_assert_eq(unlock_pages(memory, bytes), 0);
+    cr_assert_eq(cuMemHostRegister_v2(memory, bytes, 0), 0);
+    cr_assert_eq(fake_cuda_violation_count_of(FAKE_CU_VIOLATION_REGISTER_NOT_LOCKED), 1);
+    cr_assert_eq(munmap(memory, bytes), 0);
+}
+
+/* ---- Logs. ---- */
+
+Test(fake_cuda, driver_log_lines)
+{
+    char cuda_path[] = "/tmp/fake_cuda_log_XXXXXX";
+    char cudart_path[] = "/tmp/fake_cudart_log_XXXXXX";
+    int fd = mkstemp(cuda_path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    fd = mkstemp(cudart_path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    fresh_state("FAKE_CUDA_LOG", cuda_path);
+    setenv("FAKE_CUDART_LOG", cudart_path, 1);
+    fake_cudart_reset();
+    fake_cuda_reset();
+
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 0);
+    void *primary = primary_state(0).context;
+    cr_assert_eq(cuMemHostUnregister(fake_address(8)), 1);
+    cr_assert_eq(cuDevicePrimaryCtxReset_v2(0), 0);
+
+    char expected[2048];
+    int pid = (int)getpid();
+    uintmax_t base = (uintptr_t)fake_address(0);
+    uintmax_t handle = (uintptr_t)primary;
+    /* The creator is this program, by its /proc/self/exe path. */
+    char *text = read_whole_file(cuda_path);
+    char creator[1024];
+    cr_assert_eq(sscanf(text, "ctx_create %*d 0x%*x 0 primary %1023s", creator), 1, "%s", text);
+    cr_assert(strstr(creator, SELF), "creator %s", creator);
+    snprintf(expected, sizeof expected,
+             "ctx_create %d 0x%jx 0 primary %s\n"
+             "cu_register %d 0x%jx 4096 3 0 0 0x%jx\n"
+             "cu_unregister %d 0x%jx 1 0 0x%jx\n"
+             "ctx_destroy %d 0x%jx 0 reset 1\n",
+             pid, handle, creator, pid, base, handle, pid, base + 8, handle, pid, handle);
+    cr_assert_str_eq(text, expected);
+
+    /* The runtime double's log has the same calls in its own format, parsed
+     * by tests/support/fake_log.c: no driver-only lines. */
+    snprintf(expected, sizeof expected,
+             "register %d 0x%jx 4096 3 0\n"
+             "unregister %d 0x%jx 1\n",
+             pid, base, pid, base + 8);
+    cr_assert_str_eq(read_whole_file(cudart_path), expected);
+    unlink(cuda_path);
+    unlink(cudart_path);
+}
+
+/* A call that fails before it reaches the driver is logged by the runtime. */
+Test(fake_cuda, runtime_logs_what_never_reaches_the_driver)
+{
+    char path[] = "/tmp/fake_cudart_log_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    fresh_state("FAKE_CUDART_LOG", path);
+    setenv("FAKE_CUDA_DEVICES", "0", 1);
+    fake_cudart_reset();
+    fake_cuda_reset();
+    cr_assert_eq(cudaHostRegister(fake_address(0), 4096, 0), 100);
+    cr_assert_eq(cudaHostUnregister(fake_address(0)), 100);
+    char expected[256];
+    int pid = (int)getpid();
+    uintmax_t base = (uintptr_t)fake_address(0);
+    snprintf(expected, sizeof expected,
+             "register %d 0x%jx 4096 0 100\n"
+             "unregister %d 0x%jx 100\n",
+             pid, base, pid, base);
+    cr_assert_str_eq(read_whole_file(path), expected);
+    unlink(path);
+}
+
+/* ---- Processes that link the runtime only (fake_cudart_probe). ---- */
+
+/* Runs the probe with extra environment settings; returns its stdout. */
+static const char *run_probe(const char *scenario, const char *setting)
+{
+    const char *probe = getenv("FAKE_CUDART_PROBE");
+    if (!probe)
+        cr_skip_test("FAKE_CUDART_PROBE not set (run through meson test)");
+    char output_path[] = "/tmp/fake_cudart_probe_XXXXXX";
+    int fd = mkstemp(output_path);
+    cr_assert_geq(fd, 0);
+    if (setting)
+        putenv((char *)setting);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fd, 1);
+    char *argv[] = {(char *)probe, (char *)scenario, NULL};
+    pid_t child;
+    cr_assert_eq(posix_spawn(&child, probe, &actions, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fd);
+    int status;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe %s: status %d", scenario,
+              status);
+    const char *text = read_whole_file(output_path);
+    unlink(output_path);
+    return text;
+}
+
+Test(fake_cuda, runtime_loads_the_driver_lazily_and_glibc_finds_it_by_soname)
+{
+    fresh_state(NULL, NULL);
+    const char *text = run_probe("lazy", NULL);
+    cr_assert_str_eq(text, "loaded_at_start=0\n"
+                           "get_last_error=0\n"
+                           "loaded_after_get_last_error=0\n"
+                           "get_device_count=0 count=1\n"
+                           "loaded_after_get_device_count=1\n"
+                           "soname_is_fake=1\n"
+                           "soname_is_path=1\n");
+}
+
+Test(fake_cuda, missing_driver_is_35_and_never_loaded)
+{
+    fresh_state(NULL, NULL);
+    const char *text = run_probe("no_driver", "FAKE_CUDART_NO_DRIVER=1");
+    cr_assert_str_eq(text, "register=35\n"
+                           "unregister=35\n"
+                           "get_device_count=35 count=-7\n"
+                           "set_device=35\n"
+                           "free=35\n"
+                           "get_last_error=35\n"
+                           "loaded=0\n");
+    text = run_probe("no_driver", "FAKE_CUDA_DRIVER=/nonexistent/libcuda.so.1");
+    cr_assert(strstr(text, "register=35\n") && strstr(text, "loaded=0\n"), "%s", text);
+}
+
+/* An exit handler registered before the driver was loaded runs after the
+ * driver's own: with FAKE_CUDA_UNLOAD_AT_EXIT=1 the driver answers 4, and the
+ * runtime (whose own handler has not run yet) passes the 4 on. */
+Test(fake_cuda, driver_teardown_at_exit)
+{
+    fresh_state("FAKE_CUDART_CHECK", "0");
+    setenv("FAKE_CUDA_UNLOAD_AT_EXIT", "1", 1);
+    const char *text = run_probe("exit", NULL);
+    cr_assert_str_eq(text, "register=0\n"
+                           "loaded=1\n"
+                           "exit_driver=4\n"
+                           "exit_runtime=4\n");
+    unsetenv("FAKE_CUDA_UNLOAD_AT_EXIT");
+    text = run_probe("exit", NULL);
+    cr_assert_str_eq(text, "register=0\n"
+                           "loaded=1\n"
+                           "exit_driver=0\n"
+                           "exit_runtime=713\n");
 }

@@ -1,29 +1,57 @@
-/* fake_cudart: see fake_cudart.h for what it does and how it is configured.
+/* fake_cudart: the fake CUDA runtime, a layer over the fake driver
+ * (fake_cuda.c, libcuda.so.1) the way the real libcudart sits on libcuda. See
+ * fake_cudart.h for what it models and how it is configured.
  *
  * The shim under test interposes the allocator and the mapping functions, so
- * nothing here calls malloc/free, and the registration table lives in memory
- * obtained with raw mmap/mremap system calls (the libc wrappers could be the
- * shim's, which would call back into us).
+ * nothing here calls malloc/free (dlopen of the driver does, once, as the real
+ * runtime's does). No lock of ours is held across a driver call or dlopen:
+ * the driver sleeps in simulated latency with its own lock released, and
+ * concurrent registrations through the runtime must overlap as well.
  */
+#define FAKE_CUDA_NO_CUDA_PROTOTYPES /* the driver is reached through dlsym only */
+#include "fake_cuda.h"
 #include "fake_cudart.h"
+#include "fake_line.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-/* Built with -fvisibility=hidden: only what is marked here is exported. */
-#define FAKE_EXPORT __attribute__((visibility("default")))
+_Static_assert(sizeof(struct fake_cudart_range) == sizeof(struct fake_cuda_range) &&
+                   offsetof(struct fake_cudart_range, size) ==
+                       offsetof(struct fake_cuda_range, size) &&
+                   offsetof(struct fake_cudart_range, flags) ==
+                       offsetof(struct fake_cuda_range, flags),
+               "fake_cudart_snapshot copies the driver's ranges as they are");
+_Static_assert(
+    (int)FAKE_VIOLATION_REGISTER_UNMAPPED == (int)FAKE_CU_VIOLATION_REGISTER_UNMAPPED &&
+        (int)FAKE_VIOLATION_REGISTER_NOT_LOCKED == (int)FAKE_CU_VIOLATION_REGISTER_NOT_LOCKED &&
+        (int)FAKE_VIOLATION_PAGE_SHARED == (int)FAKE_CU_VIOLATION_PAGE_SHARED &&
+        (int)FAKE_VIOLATION_UNREGISTER_UNMAPPED == (int)FAKE_CU_VIOLATION_UNREGISTER_UNMAPPED &&
+        (int)FAKE_VIOLATION_UNREGISTER_NOT_LOCKED == (int)FAKE_CU_VIOLATION_UNREGISTER_NOT_LOCKED &&
+        (int)FAKE_VIOLATION_KIND_COUNT == (int)FAKE_CU_VIOLATION_KIND_COUNT,
+    "the runtime's violation kinds are the driver's");
+
+/* Built with -fvisibility=hidden: only what is marked here is exported.
+ * noinline keeps __builtin_return_address(0) the caller's. */
+#define FAKE_EXPORT __attribute__((visibility("default"), noinline))
 #ifdef FAKE_CUDART_MINIMAL
-#define FAKE_EXPORT_EXTRA
+#define FAKE_EXPORT_EXTRA __attribute__((noinline))
 #else
-#define FAKE_EXPORT_EXTRA __attribute__((visibility("default")))
+#define FAKE_EXPORT_EXTRA __attribute__((visibility("default"), noinline))
+#endif
+#define CALLER() __builtin_extract_return_addr(__builtin_return_address(0))
+
+/* Where meson built the fake driver; FAKE_CUDA_DRIVER overrides it. */
+#ifndef FAKE_CUDA_DRIVER_PATH
+#define FAKE_CUDA_DRIVER_PATH ""
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -31,55 +59,55 @@
 
 struct fake_config {
     bool no_driver;
-    unsigned device_count;
-    unsigned fail_register_every;
-    unsigned fail_unregister_every;
-    int fail_error;
     bool unload_at_exit;
-    bool check;
+    char driver_path[4096];
 };
 
-/* One node of the AVL tree of live registrations. Nodes live in one array
- * (node_pool) and refer to each other by index; index 0 means "none". */
-struct registration_node {
-    uintptr_t base;
-    size_t size;
-    unsigned flags;
-    uint32_t left;
-    uint32_t right;
-    int32_t height;
+/* The driver entry points the runtime uses, resolved with dlsym. */
+struct driver_api {
+    int (*init)(unsigned);
+    int (*device_get_count)(int *);
+    int (*ctx_get_current)(void **);
+    int (*ctx_set_current)(void *);
+    int (*ctx_get_device)(int *);
+    int (*primary_release)(int);
+    int (*primary_reset)(int);
+    int (*mem_host_register)(void *, size_t, unsigned);
+    int (*mem_host_unregister)(void *);
+    int (*primary_retain_for)(void **, int, const void *);
+    size_t (*live_count)(void);
+    size_t (*snapshot_live)(struct fake_cuda_range *, size_t);
+    int (*lookup)(const void *, struct fake_cuda_registration *);
+    size_t (*violation_count)(void);
+    size_t (*violation_count_of)(int);
+    void (*reset)(void);
+    void (*reload_config)(void);
+    void (*set_fail_every)(unsigned, unsigned, int);
+    void (*set_check)(int);
 };
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool config_loaded;
 static struct fake_config config;
 static bool unloading;
+static bool fork_poisoned;       /* a fork child of a process where we had initialised */
+static bool runtime_initialised; /* cuInit succeeded through us */
 static int log_fd = -1;
-static uintptr_t page_size = 4096;
 
-static struct registration_node *node_pool;
-static uint32_t node_pool_capacity;
-static uint32_t node_pool_used; /* next never-used index; 0 is reserved */
-static uint32_t free_node_head;
-static uint32_t tree_root;
-static size_t live_count;
+static struct driver_api driver;
+static bool driver_ready; /* driver is filled in; read with acquire */
+
+/* The primary contexts the runtime holds one reference to, and the handle it
+ * last got for each (to recognise it after cudaDeviceReset). */
+static bool retained[FAKE_CUDA_MAX_DEVICES];
+static void *primary_handle[FAKE_CUDA_MAX_DEVICES];
 
 static uint64_t call_counts[FAKE_CALL_KIND_COUNT];
-static size_t violation_counts[FAKE_VIOLATION_KIND_COUNT];
-static uint64_t register_fail_counter;
-static uint64_t unregister_fail_counter;
 
 /* initial-exec: a dlopen'ed library's dynamic TLS is allocated with malloc on
  * a thread's first access, which the shim intercepts; static TLS is not. */
 static _Thread_local int thread_last_error __attribute__((tls_model("initial-exec")));
-
-static const char *const violation_names[FAKE_VIOLATION_KIND_COUNT] = {
-    [FAKE_VIOLATION_REGISTER_UNMAPPED] = "register_unmapped",
-    [FAKE_VIOLATION_REGISTER_NOT_LOCKED] = "register_not_locked",
-    [FAKE_VIOLATION_PAGE_SHARED] = "page_shared",
-    [FAKE_VIOLATION_UNREGISTER_UNMAPPED] = "unregister_unmapped",
-    [FAKE_VIOLATION_UNREGISTER_NOT_LOCKED] = "unregister_not_locked",
-};
+static _Thread_local int thread_device __attribute__((tls_model("initial-exec")));
 
 static unsigned env_unsigned(const char *name, unsigned fallback)
 {
@@ -97,16 +125,15 @@ static unsigned env_unsigned(const char *name, unsigned fallback)
 static void load_config_locked(void)
 {
     config.no_driver = env_unsigned("FAKE_CUDART_NO_DRIVER", 0) != 0;
-    config.device_count = env_unsigned("FAKE_CUDART_DEVICES", 1);
-    config.fail_register_every = env_unsigned("FAKE_CUDART_FAIL_REGISTER_EVERY", 0);
-    config.fail_unregister_every = env_unsigned("FAKE_CUDART_FAIL_UNREGISTER_EVERY", 0);
-    config.fail_error = (int)env_unsigned("FAKE_CUDART_FAIL_ERROR", 0);
-    if (config.fail_error <= 0)
-        config.fail_error = FAKE_CUDA_ERROR_MEMORY_ALLOCATION;
     config.unload_at_exit = env_unsigned("FAKE_CUDART_UNLOAD_AT_EXIT", 0) != 0;
-    config.check = env_unsigned("FAKE_CUDART_CHECK", 1) != 0;
-    register_fail_counter = 0;
-    unregister_fail_counter = 0;
+    const char *path = getenv("FAKE_CUDA_DRIVER");
+    if (!path || !*path)
+        path = FAKE_CUDA_DRIVER_PATH;
+    size_t length = strlen(path);
+    if (length >= sizeof config.driver_path)
+        length = 0; /* too long to be ours: no driver */
+    memcpy(config.driver_path, path, length);
+    config.driver_path[length] = '\0';
 
     if (log_fd >= 0)
         close(log_fd);
@@ -114,10 +141,6 @@ static void load_config_locked(void)
     const char *log_path = getenv("FAKE_CUDART_LOG");
     if (log_path && *log_path)
         log_fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-
-    long page = sysconf(_SC_PAGESIZE);
-    if (page > 0)
-        page_size = (uintptr_t)page;
     config_loaded = true;
 }
 
@@ -133,6 +156,12 @@ static void unlock_state(void)
     pthread_mutex_unlock(&state_lock);
 }
 
+static void forget_contexts_locked(void)
+{
+    memset(retained, 0, sizeof retained);
+    memset(primary_handle, 0, sizeof primary_handle);
+}
+
 /* A fork while another thread holds state_lock would leave it locked forever
  * in the child; the shim's tests fork. */
 static void before_fork(void)
@@ -140,8 +169,18 @@ static void before_fork(void)
     pthread_mutex_lock(&state_lock);
 }
 
-static void after_fork(void)
+static void after_fork_in_parent(void)
 {
+    pthread_mutex_unlock(&state_lock);
+}
+
+/* The child of a process where the runtime had initialised gets
+ * cudaErrorInitializationError from every call; it holds no context. */
+static void after_fork_in_child(void)
+{
+    fork_poisoned = fork_poisoned || runtime_initialised;
+    runtime_initialised = false;
+    forget_contexts_locked();
     pthread_mutex_unlock(&state_lock);
 }
 
@@ -166,7 +205,7 @@ __attribute__((constructor)) static void fake_cudart_load(void)
 {
     lock_state();
     unlock_state();
-    pthread_atfork(before_fork, after_fork, after_fork);
+    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
     atexit(at_exit_teardown);
 }
 
@@ -176,571 +215,214 @@ __attribute__((destructor)) static void fake_cudart_unload(void)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Log lines, formatted without stdio (which may allocate).                 */
-
-struct line_builder {
-    char text[256];
-    size_t length;
-};
-
-static void line_put_string(struct line_builder *line, const char *text)
-{
-    while (*text && line->length < sizeof line->text - 1)
-        line->text[line->length++] = *text++;
-}
-
-static void line_put_number(struct line_builder *line, uint64_t value, unsigned radix)
-{
-    char digits[24];
-    size_t count = 0;
-    do {
-        digits[count++] = "0123456789abcdef"[value % radix];
-        value /= radix;
-    } while (value);
-    while (count && line->length < sizeof line->text - 1)
-        line->text[line->length++] = digits[--count];
-}
-
-static void line_put_decimal(struct line_builder *line, uint64_t value)
-{
-    line_put_string(line, " ");
-    line_put_number(line, value, 10);
-}
-
-static void line_put_signed(struct line_builder *line, int value)
-{
-    line_put_string(line, value < 0 ? " -" : " ");
-    line_put_number(line, value < 0 ? (uint64_t) - (int64_t)value : (uint64_t)value, 10);
-}
-
-static void line_put_pointer(struct line_builder *line, uintptr_t value)
-{
-    line_put_string(line, " 0x");
-    line_put_number(line, value, 16);
-}
-
-static void line_start(struct line_builder *line, const char *event)
-{
-    line->length = 0;
-    line_put_string(line, event);
-    line_put_decimal(line, (uint64_t)getpid());
-}
-
-/* One write(2) per line, so processes sharing the file never interleave. */
-static void line_emit(struct line_builder *line)
-{
-    if (log_fd < 0)
-        return;
-    line->text[line->length++] = '\n';
-    ssize_t written;
-    do {
-        written = write(log_fd, line->text, line->length);
-    } while (written < 0 && errno == EINTR);
-}
+/* Log lines: the driver writes the register/unregister line of every call  */
+/* that reaches it; the runtime writes those of calls that fail before.     */
 
 static void log_register(uintptr_t base, size_t size, unsigned flags, int error)
 {
     if (log_fd < 0)
         return;
-    struct line_builder line;
-    line_start(&line, "register");
-    line_put_pointer(&line, base);
-    line_put_decimal(&line, size);
-    line_put_decimal(&line, flags);
-    line_put_signed(&line, error);
-    line_emit(&line);
+    struct fake_line line;
+    fake_line_start(&line, "register");
+    fake_line_pointer(&line, base);
+    fake_line_decimal(&line, size);
+    fake_line_decimal(&line, flags);
+    fake_line_signed(&line, error);
+    fake_line_emit(&line, log_fd);
 }
 
 static void log_unregister(uintptr_t base, int error)
 {
     if (log_fd < 0)
         return;
-    struct line_builder line;
-    line_start(&line, "unregister");
-    line_put_pointer(&line, base);
-    line_put_signed(&line, error);
-    line_emit(&line);
+    struct fake_line line;
+    fake_line_start(&line, "unregister");
+    fake_line_pointer(&line, base);
+    fake_line_signed(&line, error);
+    fake_line_emit(&line, log_fd);
 }
 
 static void log_get_last_error(int error)
 {
     if (log_fd < 0)
         return;
-    struct line_builder line;
-    line_start(&line, "getlasterror");
-    line_put_signed(&line, error);
-    line_emit(&line);
-}
-
-static void record_violation_locked(enum fake_cudart_violation kind, uintptr_t base, size_t size)
-{
-    violation_counts[kind]++;
-    if (log_fd < 0)
-        return;
-    struct line_builder line;
-    line_start(&line, "violation");
-    line_put_string(&line, " ");
-    line_put_string(&line, violation_names[kind]);
-    line_put_pointer(&line, base);
-    line_put_decimal(&line, size);
-    line_emit(&line);
+    struct fake_line line;
+    fake_line_start(&line, "getlasterror");
+    fake_line_signed(&line, error);
+    fake_line_emit(&line, log_fd);
 }
 
 /* ------------------------------------------------------------------------ */
-/* The registration table: an AVL tree keyed by base address. Lookups and   */
-/* updates are O(log n) whatever order ranges arrive in (mmap hands out     */
-/* addresses top-down, which would make a sorted array O(n) per insert).   */
+/* The driver, loaded at the first call that needs it.                      */
 
-static void *raw_mmap(size_t bytes)
+static bool resolve(void *library, const char *name, void *slot)
 {
-    long result =
-        syscall(SYS_mmap, NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0L);
-    return result == -1 ? NULL : (void *)result;
+    void *symbol = dlsym(library, name);
+    memcpy(slot, &symbol, sizeof symbol);
+    return symbol != NULL;
 }
 
-static void *raw_mremap(void *old, size_t old_bytes, size_t new_bytes)
+/* The driver, or NULL when it is "missing" (FAKE_CUDART_NO_DRIVER, no path,
+ * a library that cannot be loaded or is not the fake). With load false, only
+ * a driver the process has loaded already (by us or otherwise). */
+static const struct driver_api *driver_get(bool load)
 {
-    long result = syscall(SYS_mremap, old, old_bytes, new_bytes, MREMAP_MAYMOVE);
-    return result == -1 ? NULL : (void *)result;
-}
+    if (__atomic_load_n(&driver_ready, __ATOMIC_ACQUIRE))
+        return &driver;
+    char path[sizeof config.driver_path];
+    lock_state();
+    bool missing = config.no_driver || !config.driver_path[0];
+    memcpy(path, config.driver_path, sizeof path);
+    unlock_state();
+    if (missing)
+        return NULL;
 
-static void raw_munmap(void *address, size_t bytes)
-{
-    syscall(SYS_munmap, address, bytes);
-}
-
-/* Returns a free node index, or 0 when the pool cannot grow. */
-static uint32_t node_alloc(void)
-{
-    if (free_node_head) {
-        uint32_t node = free_node_head;
-        free_node_head = node_pool[node].left;
-        return node;
+    void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL | (load ? 0 : RTLD_NOLOAD));
+    if (!library)
+        return NULL;
+    struct driver_api api;
+    bool complete =
+        resolve(library, "fake_cuda_reset", &api.reset) && /* the fake, never a real one */
+        resolve(library, "cuInit", &api.init) &&
+        resolve(library, "cuDeviceGetCount", &api.device_get_count) &&
+        resolve(library, "cuCtxGetCurrent", &api.ctx_get_current) &&
+        resolve(library, "cuCtxSetCurrent", &api.ctx_set_current) &&
+        resolve(library, "cuCtxGetDevice", &api.ctx_get_device) &&
+        resolve(library, "cuDevicePrimaryCtxRelease_v2", &api.primary_release) &&
+        resolve(library, "cuDevicePrimaryCtxReset_v2", &api.primary_reset) &&
+        resolve(library, "cuMemHostRegister_v2", &api.mem_host_register) &&
+        resolve(library, "cuMemHostUnregister", &api.mem_host_unregister) &&
+        resolve(library, "fake_cuda_internal_primary_ctx_retain", &api.primary_retain_for) &&
+        resolve(library, "fake_cuda_live_count", &api.live_count) &&
+        resolve(library, "fake_cuda_snapshot_live", &api.snapshot_live) &&
+        resolve(library, "fake_cuda_lookup", &api.lookup) &&
+        resolve(library, "fake_cuda_violation_count", &api.violation_count) &&
+        resolve(library, "fake_cuda_violation_count_of", &api.violation_count_of) &&
+        resolve(library, "fake_cuda_reload_config", &api.reload_config) &&
+        resolve(library, "fake_cuda_set_fail_every", &api.set_fail_every) &&
+        resolve(library, "fake_cuda_set_check", &api.set_check);
+    if (!complete) {
+        dlclose(library);
+        return NULL;
     }
-    if (node_pool_used == node_pool_capacity) {
-        uint32_t new_capacity = node_pool_capacity ? node_pool_capacity * 2 : 4096;
-        if (new_capacity <= node_pool_capacity)
-            return 0;
-        size_t new_bytes = (size_t)new_capacity * sizeof *node_pool;
-        void *grown = node_pool
-                          ? raw_mremap(node_pool, node_pool_capacity * sizeof *node_pool, new_bytes)
-                          : raw_mmap(new_bytes);
-        if (!grown)
-            return 0;
-        node_pool = grown;
-        node_pool_capacity = new_capacity;
-        if (node_pool_used == 0)
-            node_pool_used = 1;
+    lock_state();
+    if (!driver_ready) {
+        driver = api;
+        __atomic_store_n(&driver_ready, true, __ATOMIC_RELEASE);
     }
-    return node_pool_used++;
+    unlock_state();
+    return &driver;
 }
 
-static void node_release(uint32_t node)
+/* Driver errors as the runtime reports them. Every code the fake driver
+ * returns keeps its number: 1 InvalidValue, 2 MemoryAllocation, 3
+ * InitializationError, 4 (DEINITIALIZED) CudartUnloading, 100 NoDevice, 101
+ * InvalidDevice, 201 (INVALID_CONTEXT) DeviceUninitialized, 709
+ * ContextIsDestroyed, 712, 713, 800, 801; injected errors pass through. */
+static int runtime_error_of(int driver_error)
 {
-    node_pool[node].left = free_node_head;
-    free_node_head = node;
+    return driver_error;
 }
 
-static int32_t node_height(uint32_t node)
-{
-    return node ? node_pool[node].height : 0;
-}
-
-static void node_update_height(uint32_t node)
-{
-    int32_t left = node_height(node_pool[node].left);
-    int32_t right = node_height(node_pool[node].right);
-    node_pool[node].height = 1 + (left > right ? left : right);
-}
-
-static uint32_t rotate_right(uint32_t node)
-{
-    uint32_t pivot = node_pool[node].left;
-    node_pool[node].left = node_pool[pivot].right;
-    node_pool[pivot].right = node;
-    node_update_height(node);
-    node_update_height(pivot);
-    return pivot;
-}
-
-static uint32_t rotate_left(uint32_t node)
-{
-    uint32_t pivot = node_pool[node].right;
-    node_pool[node].right = node_pool[pivot].left;
-    node_pool[pivot].left = node;
-    node_update_height(node);
-    node_update_height(pivot);
-    return pivot;
-}
-
-static uint32_t rebalance(uint32_t node)
-{
-    node_update_height(node);
-    uint32_t left = node_pool[node].left;
-    uint32_t right = node_pool[node].right;
-    int32_t balance = node_height(left) - node_height(right);
-    if (balance > 1) {
-        if (node_height(node_pool[left].left) < node_height(node_pool[left].right))
-            node_pool[node].left = rotate_left(left);
-        return rotate_right(node);
-    }
-    if (balance < -1) {
-        if (node_height(node_pool[right].right) < node_height(node_pool[right].left))
-            node_pool[node].right = rotate_right(right);
-        return rotate_left(node);
-    }
-    return node;
-}
-
-static uint32_t tree_insert(uint32_t subtree, uint32_t node)
-{
-    if (!subtree)
-        return node;
-    if (node_pool[node].base < node_pool[subtree].base) {
-        uint32_t left = tree_insert(node_pool[subtree].left, node);
-        node_pool[subtree].left = left;
-    } else {
-        uint32_t right = tree_insert(node_pool[subtree].right, node);
-        node_pool[subtree].right = right;
-    }
-    return rebalance(subtree);
-}
-
-static uint32_t tree_remove_min(uint32_t subtree, uint32_t *min_node)
-{
-    if (!node_pool[subtree].left) {
-        *min_node = subtree;
-        return node_pool[subtree].right;
-    }
-    uint32_t left = tree_remove_min(node_pool[subtree].left, min_node);
-    node_pool[subtree].left = left;
-    return rebalance(subtree);
-}
-
-/* Unlinks the node whose base is exactly base (it must exist). */
-static uint32_t tree_remove(uint32_t subtree, uintptr_t base)
-{
-    if (base < node_pool[subtree].base) {
-        uint32_t left = tree_remove(node_pool[subtree].left, base);
-        node_pool[subtree].left = left;
-    } else if (base > node_pool[subtree].base) {
-        uint32_t right = tree_remove(node_pool[subtree].right, base);
-        node_pool[subtree].right = right;
-    } else {
-        uint32_t left = node_pool[subtree].left;
-        uint32_t right = node_pool[subtree].right;
-        node_release(subtree);
-        if (!left || !right)
-            return left ? left : right;
-        uint32_t successor;
-        right = tree_remove_min(right, &successor);
-        node_pool[successor].left = left;
-        node_pool[successor].right = right;
-        return rebalance(successor);
-    }
-    return rebalance(subtree);
-}
-
-/* The registration with the greatest base <= address, or 0. */
-static uint32_t tree_floor(uintptr_t address)
-{
-    uint32_t node = tree_root, best = 0;
-    while (node) {
-        if (node_pool[node].base <= address) {
-            best = node;
-            node = node_pool[node].right;
-        } else {
-            node = node_pool[node].left;
-        }
-    }
-    return best;
-}
-
-/* The registration with the smallest base >= address, or 0. */
-static uint32_t tree_ceiling(uintptr_t address)
-{
-    uint32_t node = tree_root, best = 0;
-    while (node) {
-        if (node_pool[node].base >= address) {
-            best = node;
-            node = node_pool[node].left;
-        } else {
-            node = node_pool[node].right;
-        }
-    }
-    return best;
-}
-
-/* The registration containing address, or 0. */
-static uint32_t registration_find_containing(uintptr_t address)
-{
-    uint32_t node = tree_floor(address);
-    if (node && address - node_pool[node].base < node_pool[node].size)
-        return node;
-    return 0;
-}
-
-/* Live ranges never overlap, so only the last one starting before the end of
- * [base, base+size) can overlap it. */
-static bool registration_overlaps(uintptr_t base, size_t size)
-{
-    uint32_t node = tree_floor(base + size - 1);
-    return node && node_pool[node].base + node_pool[node].size > base;
-}
-
-static void tree_drop_all(void)
-{
-    if (node_pool)
-        raw_munmap(node_pool, node_pool_capacity * sizeof *node_pool);
-    node_pool = NULL;
-    node_pool_capacity = 0;
-    node_pool_used = 0;
-    free_node_head = 0;
-    tree_root = 0;
-    live_count = 0;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Invariant checks against /proc/self/smaps, streamed through a stack      */
-/* buffer: smaps can be megabytes and we may not allocate.                  */
-
-struct line_reader {
-    int fd;
-    bool at_eof;
-    bool discarding; /* skipping the rest of an over-long line */
-    size_t start;
-    size_t end;
-    char buffer[4096];
-};
-
-/* The next line without its newline, or NULL at end of file. An over-long
- * line is returned truncated (we only look at the start of lines). */
-static char *line_reader_next(struct line_reader *reader)
-{
-    for (;;) {
-        char *chunk = reader->buffer + reader->start;
-        char *newline = memchr(chunk, '\n', reader->end - reader->start);
-        if (newline) {
-            *newline = '\0';
-            reader->start = (size_t)(newline + 1 - reader->buffer);
-            if (reader->discarding) {
-                reader->discarding = false;
-                continue;
-            }
-            return chunk;
-        }
-        if (reader->discarding) {
-            reader->start = reader->end = 0;
-        } else if (reader->start > 0) {
-            memmove(reader->buffer, chunk, reader->end - reader->start);
-            reader->end -= reader->start;
-            reader->start = 0;
-        }
-        if (reader->end == sizeof reader->buffer - 1 || (reader->at_eof && reader->end > 0)) {
-            reader->buffer[reader->end] = '\0';
-            reader->discarding = !reader->at_eof;
-            reader->start = reader->end = 0;
-            return reader->buffer;
-        }
-        if (reader->at_eof)
-            return NULL;
-        ssize_t got =
-            read(reader->fd, reader->buffer + reader->end, sizeof reader->buffer - 1 - reader->end);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            reader->at_eof = true;
-        else
-            reader->end += (size_t)got;
-    }
-}
-
-static bool parse_hex(const char **cursor, uintptr_t *value)
-{
-    const char *text = *cursor;
-    uintptr_t result = 0;
-    int digits = 0;
-    for (;; text++, digits++) {
-        char c = *text;
-        unsigned digit;
-        if (c >= '0' && c <= '9')
-            digit = (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f')
-            digit = (unsigned)(c - 'a' + 10);
-        else
-            break;
-        result = result * 16 + digit;
-    }
-    *cursor = text;
-    *value = result;
-    return digits > 0;
-}
-
-/* "start-end perms ..." starts every VMA block; other lines start with a
- * capitalised key, never a lowercase hex digit. */
-static bool parse_vma_header(const char *line, uintptr_t *start, uintptr_t *end)
-{
-    return parse_hex(&line, start) && *line++ == '-' && parse_hex(&line, end) && *line == ' ';
-}
-
-static bool vm_flags_has_locked(const char *flags)
-{
-    for (const char *at = flags; (at = strstr(at, " lo")) != NULL; at += 3) {
-        if (at[3] == ' ' || at[3] == '\0')
-            return true;
-    }
-    return false;
-}
-
-struct lock_check {
-    bool unmapped;
-    bool not_locked;
-};
-
-/* Is every page of [first_page, end_page) mapped, and is every VMA touching
- * it locked? VMAs are listed in address order, so one pass suffices. */
-static struct lock_check check_range_locked(uintptr_t first_page, uintptr_t end_page)
-{
-    struct lock_check result = {false, false};
-    struct line_reader reader;
-    reader.fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
-    if (reader.fd < 0)
-        return result; /* cannot tell: record nothing */
-    reader.at_eof = false;
-    reader.discarding = false;
-    reader.start = reader.end = 0;
-
-    uintptr_t covered_up_to = first_page;
-    bool in_touching_vma = false;
-    bool finished = false;
-    const char *line;
-    while (!finished && (line = line_reader_next(&reader)) != NULL) {
-        uintptr_t vma_start, vma_end;
-        if (parse_vma_header(line, &vma_start, &vma_end)) {
-            in_touching_vma = false;
-            if (vma_end <= covered_up_to)
-                continue;
-            if (vma_start > covered_up_to) {
-                result.unmapped = true;
-                finished = true;
-                continue;
-            }
-            in_touching_vma = true;
-            covered_up_to = vma_end;
-        } else if (in_touching_vma && strncmp(line, "VmFlags:", 8) == 0) {
-            if (!vm_flags_has_locked(line + 7))
-                result.not_locked = true;
-            in_touching_vma = false;
-            finished = covered_up_to >= end_page;
-        }
-    }
-    if (!finished && covered_up_to < end_page)
-        result.unmapped = true;
-    close(reader.fd);
-    return result;
-}
-
-static uintptr_t page_floor(uintptr_t address)
-{
-    return address & ~(page_size - 1);
-}
-
-static uintptr_t page_of_last_byte(uintptr_t base, size_t size)
-{
-    return page_floor(base + size - 1);
-}
-
-static void check_registration_locked(uintptr_t base, size_t size,
-                                      enum fake_cudart_violation unmapped_kind,
-                                      enum fake_cudart_violation not_locked_kind)
-{
-    struct lock_check check =
-        check_range_locked(page_floor(base), page_of_last_byte(base, size) + page_size);
-    if (check.unmapped)
-        record_violation_locked(unmapped_kind, base, size);
-    if (check.not_locked)
-        record_violation_locked(not_locked_kind, base, size);
-}
-
-/* The shim registers whole pages; two registrations on one page mean it lost
- * track of which of them owns the page's lock. */
-static bool shares_page_with_neighbour(uintptr_t base, size_t size)
-{
-    uint32_t before = base > 0 ? tree_floor(base - 1) : 0;
-    if (before &&
-        page_of_last_byte(node_pool[before].base, node_pool[before].size) == page_floor(base))
-        return true;
-    uint32_t after = tree_ceiling(base);
-    return after && page_floor(node_pool[after].base) == page_of_last_byte(base, size);
-}
-
-/* ------------------------------------------------------------------------ */
-/* The CUDA runtime entry points.                                           */
-
-/* The error every entry point returns before looking at its arguments. */
+/* The error every entry point returns before anything else. */
 static int runtime_state_error_locked(void)
 {
     if (unloading)
         return FAKE_CUDA_ERROR_CUDART_UNLOADING;
     if (config.no_driver)
         return FAKE_CUDA_ERROR_INSUFFICIENT_DRIVER;
+    if (fork_poisoned)
+        return FAKE_CUDA_ERROR_INITIALIZATION;
     return FAKE_CUDA_SUCCESS;
 }
 
-static bool injected_failure_due(uint64_t *counter, unsigned every)
+/* What every call that needs the driver does first: load it, cuInit(0). */
+static int runtime_enter(const struct driver_api **api)
 {
-    return every && ++*counter % every == 0;
-}
-
-static int host_register_locked(uintptr_t base, size_t size, unsigned flags)
-{
+    lock_state();
     int error = runtime_state_error_locked();
+    unlock_state();
     if (error)
         return error;
-    if (config.device_count == 0)
-        return FAKE_CUDA_ERROR_NO_DEVICE;
-    if (injected_failure_due(&register_fail_counter, config.fail_register_every))
-        return config.fail_error;
-    if (!base || !size || (flags & ~FAKE_CUDA_HOST_REGISTER_VALID_FLAGS) ||
-        size - 1 > UINTPTR_MAX - base)
-        return FAKE_CUDA_ERROR_INVALID_VALUE;
-    if (registration_overlaps(base, size))
-        return FAKE_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-
-    uint32_t node = node_alloc();
-    if (!node)
-        return FAKE_CUDA_ERROR_MEMORY_ALLOCATION;
-    if (config.check) {
-        check_registration_locked(base, size, FAKE_VIOLATION_REGISTER_UNMAPPED,
-                                  FAKE_VIOLATION_REGISTER_NOT_LOCKED);
-        if (shares_page_with_neighbour(base, size))
-            record_violation_locked(FAKE_VIOLATION_PAGE_SHARED, base, size);
+    *api = driver_get(true);
+    if (!*api)
+        return FAKE_CUDA_ERROR_INSUFFICIENT_DRIVER;
+    error = runtime_error_of((*api)->init(0));
+    if (!error) {
+        lock_state();
+        runtime_initialised = true;
+        unlock_state();
     }
-    node_pool[node] =
-        (struct registration_node){.base = base, .size = size, .flags = flags, .height = 1};
-    tree_root = tree_insert(tree_root, node);
-    live_count++;
-    return FAKE_CUDA_SUCCESS;
+    return error;
 }
 
-static int host_unregister_locked(uintptr_t base)
+/* Makes the primary context of device current on the calling thread,
+ * retaining it (and so creating it when inactive, attributed to caller). The
+ * runtime keeps one reference per device; extra ones are given back. */
+static int acquire_primary(const struct driver_api *api, int device, const void *caller)
 {
-    int error = runtime_state_error_locked();
+    void *context = NULL;
+    int error = api->primary_retain_for(&context, device, caller);
     if (error)
-        return error;
-    if (injected_failure_due(&unregister_fail_counter, config.fail_unregister_every))
-        return config.fail_error;
-    uint32_t node = registration_find_containing(base);
-    if (!node)
-        return FAKE_CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-    if (node_pool[node].base != base)
-        return FAKE_CUDA_ERROR_INVALID_VALUE;
-    if (config.check)
-        check_registration_locked(base, node_pool[node].size, FAKE_VIOLATION_UNREGISTER_UNMAPPED,
-                                  FAKE_VIOLATION_UNREGISTER_NOT_LOCKED);
-    tree_root = tree_remove(tree_root, base);
-    live_count--;
-    return FAKE_CUDA_SUCCESS;
+        return runtime_error_of(error);
+    lock_state();
+    bool first = !retained[device];
+    retained[device] = true;
+    primary_handle[device] = context;
+    unlock_state();
+    if (!first)
+        api->primary_release(device);
+    return runtime_error_of(api->ctx_set_current(context));
+}
+
+/* The device whose primary context the runtime last got as handle, or -1. */
+static int runtime_primary_device(void *handle)
+{
+    int device = -1;
+    lock_state();
+    for (int d = 0; d < FAKE_CUDA_MAX_DEVICES && device < 0; d++) {
+        if (retained[d] && primary_handle[d] == handle)
+            device = d;
+    }
+    unlock_state();
+    return device;
+}
+
+/* Makes sure a context is current on the calling thread: the one already
+ * current, else the primary context of the thread's device. A primary context
+ * of the runtime's that was reset (cudaDeviceReset) is brought back, as the
+ * real runtime does; any other destroyed context is the caller's problem
+ * (cudaErrorContextIsDestroyed). */
+static int ensure_context(const struct driver_api *api, const void *caller)
+{
+    void *current = NULL;
+    int error = api->ctx_get_current(&current);
+    if (error)
+        return runtime_error_of(error);
+    if (!current)
+        return acquire_primary(api, thread_device, caller);
+    int device;
+    error = api->ctx_get_device(&device);
+    if (error == FAKE_CU_ERROR_CONTEXT_IS_DESTROYED) {
+        int primary_device = runtime_primary_device(current);
+        if (primary_device >= 0)
+            return acquire_primary(api, primary_device, caller);
+    }
+    return runtime_error_of(error);
+}
+
+/* cudaHostRegisterDefault (0) means mapped and portable on a system with
+ * unified addressing (64-bit Linux); the other bits are the driver's. */
+static unsigned driver_register_flags(unsigned flags)
+{
+    return flags ? flags : FAKE_CU_MEMHOSTREGISTER_PORTABLE | FAKE_CU_MEMHOSTREGISTER_DEVICEMAP;
+}
+
+static void count_call(int which)
+{
+    lock_state();
+    call_counts[which]++;
+    unlock_state();
 }
 
 /* Failures stay in the calling thread's last error until cudaGetLastError. */
@@ -751,28 +433,42 @@ static int finish_call(int error)
     return error;
 }
 
+/* ------------------------------------------------------------------------ */
+/* The CUDA runtime entry points.                                           */
+
 FAKE_EXPORT int cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 {
-    lock_state();
-    call_counts[FAKE_CALL_REGISTER]++;
-    int error = host_register_locked((uintptr_t)ptr, size, flags);
-    log_register((uintptr_t)ptr, size, flags, error);
-    unlock_state();
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_REGISTER);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    if (error)
+        log_register((uintptr_t)ptr, size, flags, error);
+    else
+        error = runtime_error_of(api->mem_host_register(ptr, size, driver_register_flags(flags)));
     return finish_call(error);
 }
 
 FAKE_EXPORT int cudaHostUnregister(void *ptr)
 {
-    lock_state();
-    call_counts[FAKE_CALL_UNREGISTER]++;
-    int error = host_unregister_locked((uintptr_t)ptr);
-    log_unregister((uintptr_t)ptr, error);
-    unlock_state();
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_UNREGISTER);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    if (error)
+        log_unregister((uintptr_t)ptr, error);
+    else
+        error = runtime_error_of(api->mem_host_unregister(ptr));
     return finish_call(error);
 }
 
-/* With no driver (or after teardown) the runtime reports that state instead
- * of the thread's error; reading it still clears the thread's error. */
+/* With no driver (or after teardown, or in a poisoned fork child) the runtime
+ * reports that state instead of the thread's error; reading it still clears
+ * the thread's error. */
 FAKE_EXPORT_EXTRA int cudaGetLastError(void)
 {
     lock_state();
@@ -797,36 +493,137 @@ FAKE_EXPORT_EXTRA int cudaPeekAtLastError(void)
     return thread_last_error;
 }
 
+/* Initialises the driver (as the real one does) and reports its count; with
+ * no device, *count is 0. */
 FAKE_EXPORT_EXTRA int cudaGetDeviceCount(int *count)
 {
     lock_state();
     call_counts[FAKE_CALL_GET_DEVICE_COUNT]++;
     int error = runtime_state_error_locked();
+    unlock_state();
     if (!error && !count)
         error = FAKE_CUDA_ERROR_INVALID_VALUE;
+    const struct driver_api *api = NULL;
     if (!error) {
-        *count = (int)config.device_count;
-        if (config.device_count == 0)
-            error = FAKE_CUDA_ERROR_NO_DEVICE;
+        error = runtime_enter(&api);
+        if (error == FAKE_CUDA_ERROR_NO_DEVICE)
+            *count = 0;
     }
-    unlock_state();
+    if (!error)
+        error = runtime_error_of(api->device_get_count(count));
+    return finish_call(error);
+}
+
+/* CUDA 12+: selects the device for the calling thread and initialises its
+ * primary context, making it current. */
+FAKE_EXPORT_EXTRA int cudaSetDevice(int device)
+{
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_SET_DEVICE);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    int count = 0;
+    if (!error)
+        error = runtime_error_of(api->device_get_count(&count));
+    if (!error && (device < 0 || device >= count))
+        error = FAKE_CUDA_ERROR_INVALID_DEVICE;
+    if (!error) {
+        thread_device = device;
+        error = acquire_primary(api, device, caller);
+    }
+    return finish_call(error);
+}
+
+/* The device of the context current on the thread, else the thread's
+ * selected device (0 until cudaSetDevice). Creates no context. */
+static int current_device(const struct driver_api *api, int *device)
+{
+    void *current = NULL;
+    int error = runtime_error_of(api->ctx_get_current(&current));
+    if (error)
+        return error;
+    int found = thread_device;
+    if (current && api->ctx_get_device(&found) != FAKE_CU_SUCCESS)
+        found = thread_device;
+    *device = found;
+    return FAKE_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT_EXTRA int cudaGetDevice(int *device)
+{
+    count_call(FAKE_CALL_GET_DEVICE);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error && !device)
+        error = FAKE_CUDA_ERROR_INVALID_VALUE;
+    if (!error)
+        error = current_device(api, device);
+    return finish_call(error);
+}
+
+/* cudaFree(NULL) is the usual way to initialise; device memory is not
+ * modelled, so any other pointer is cudaErrorInvalidValue. */
+FAKE_EXPORT_EXTRA int cudaFree(void *device_pointer)
+{
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_FREE);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    if (!error && device_pointer)
+        error = FAKE_CUDA_ERROR_INVALID_VALUE;
+    return finish_call(error);
+}
+
+FAKE_EXPORT_EXTRA int cudaDeviceSynchronize(void)
+{
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_DEVICE_SYNCHRONIZE);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    return finish_call(error);
+}
+
+/* Resets the primary context of the current device (its registrations go
+ * with it). The runtime keeps its reference and brings the context back at
+ * the next call that needs one. */
+FAKE_EXPORT_EXTRA int cudaDeviceReset(void)
+{
+    count_call(FAKE_CALL_DEVICE_RESET);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    int device = 0;
+    if (!error)
+        error = current_device(api, &device);
+    if (!error)
+        error = runtime_error_of(api->primary_reset(device));
     return finish_call(error);
 }
 
 /* Writes only the leading `type` member of struct cudaPointerAttributes:
- * 1 (cudaMemoryTypeHost) inside a registration, else 0 (unregistered). */
+ * 1 (cudaMemoryTypeHost) inside a live registration of any context (read
+ * from the driver's table), else 0 (unregistered). */
 FAKE_EXPORT_EXTRA int cudaPointerGetAttributes(void *attributes, const void *ptr)
 {
+    const void *caller = CALLER();
     lock_state();
     call_counts[FAKE_CALL_POINTER_GET_ATTRIBUTES]++;
     int error = runtime_state_error_locked();
+    unlock_state();
     if (!error && !attributes)
         error = FAKE_CUDA_ERROR_INVALID_VALUE;
+    const struct driver_api *api = NULL;
+    if (!error)
+        error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
     if (!error) {
-        int type = registration_find_containing((uintptr_t)ptr) ? 1 : 0;
+        int type = api->lookup(ptr, NULL) ? 1 : 0;
         memcpy(attributes, &type, sizeof type);
     }
-    unlock_state();
     return finish_call(error);
 }
 
@@ -846,6 +643,10 @@ static const struct error_description error_descriptions[] = {
     {FAKE_CUDA_ERROR_INSUFFICIENT_DRIVER, "cudaErrorInsufficientDriver",
      "CUDA driver version is insufficient for CUDA runtime version"},
     {FAKE_CUDA_ERROR_NO_DEVICE, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {FAKE_CUDA_ERROR_INVALID_DEVICE, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {FAKE_CUDA_ERROR_DEVICE_UNINITIALIZED, "cudaErrorDeviceUninitialized",
+     "invalid device context"},
+    {FAKE_CUDA_ERROR_CONTEXT_IS_DESTROYED, "cudaErrorContextIsDestroyed", "context is destroyed"},
     {FAKE_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "cudaErrorHostMemoryAlreadyRegistered",
      "part or all of the requested memory range is already mapped"},
     {FAKE_CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "cudaErrorHostMemoryNotRegistered",
@@ -875,56 +676,32 @@ FAKE_EXPORT_EXTRA const char *cudaGetErrorString(int error)
 }
 
 /* ------------------------------------------------------------------------ */
-/* The query and control API for tests.                                     */
+/* The query and control API for tests (registrations and violations are    */
+/* the driver's: none while no driver is loaded; these never load it).      */
 
 FAKE_EXPORT_EXTRA size_t fake_cudart_live_count(void)
 {
-    lock_state();
-    size_t count = live_count;
-    unlock_state();
-    return count;
+    const struct driver_api *api = driver_get(false);
+    return api ? api->live_count() : 0;
 }
 
+/* One atomic copy in the driver: other threads may change the table meanwhile. */
 FAKE_EXPORT_EXTRA size_t fake_cudart_snapshot(struct fake_cudart_range *out, size_t max)
 {
-    /* An AVL tree of 2^32 nodes is under 48 levels deep. */
-    uint32_t stack[64];
-    size_t depth = 0, copied = 0;
-    lock_state();
-    uint32_t node = tree_root;
-    while (copied < max && (node || depth)) {
-        while (node) {
-            stack[depth++] = node;
-            node = node_pool[node].left;
-        }
-        node = stack[--depth];
-        out[copied++] = (struct fake_cudart_range){.base = node_pool[node].base,
-                                                   .size = node_pool[node].size,
-                                                   .flags = node_pool[node].flags};
-        node = node_pool[node].right;
-    }
-    unlock_state();
-    return copied;
+    const struct driver_api *api = driver_get(false);
+    return api ? api->snapshot_live((struct fake_cuda_range *)out, max) : 0;
 }
 
 FAKE_EXPORT_EXTRA size_t fake_cudart_violation_count(void)
 {
-    size_t total = 0;
-    lock_state();
-    for (int kind = 0; kind < FAKE_VIOLATION_KIND_COUNT; kind++)
-        total += violation_counts[kind];
-    unlock_state();
-    return total;
+    const struct driver_api *api = driver_get(false);
+    return api ? api->violation_count() : 0;
 }
 
 FAKE_EXPORT_EXTRA size_t fake_cudart_violation_count_of(enum fake_cudart_violation kind)
 {
-    if ((unsigned)kind >= FAKE_VIOLATION_KIND_COUNT)
-        return 0;
-    lock_state();
-    size_t count = violation_counts[kind];
-    unlock_state();
-    return count;
+    const struct driver_api *api = driver_get(false);
+    return api ? api->violation_count_of((int)kind) : 0;
 }
 
 FAKE_EXPORT_EXTRA uint64_t fake_cudart_call_count(int which)
@@ -940,13 +717,18 @@ FAKE_EXPORT_EXTRA uint64_t fake_cudart_call_count(int which)
 FAKE_EXPORT_EXTRA void fake_cudart_reset(void)
 {
     lock_state();
-    tree_drop_all();
     memset(call_counts, 0, sizeof call_counts);
-    memset(violation_counts, 0, sizeof violation_counts);
     unloading = false;
+    fork_poisoned = false;
+    runtime_initialised = false;
+    forget_contexts_locked();
     load_config_locked();
     unlock_state();
     thread_last_error = FAKE_CUDA_SUCCESS;
+    thread_device = 0;
+    const struct driver_api *api = driver_get(false);
+    if (api)
+        api->reset();
 }
 
 FAKE_EXPORT_EXTRA void fake_cudart_reload_config(void)
@@ -954,24 +736,23 @@ FAKE_EXPORT_EXTRA void fake_cudart_reload_config(void)
     lock_state();
     load_config_locked();
     unlock_state();
+    const struct driver_api *api = driver_get(false);
+    if (api)
+        api->reload_config();
 }
 
 FAKE_EXPORT_EXTRA void fake_cudart_set_fail_every(unsigned reg, unsigned unreg, int error)
 {
-    lock_state();
-    config.fail_register_every = reg;
-    config.fail_unregister_every = unreg;
-    config.fail_error = error > 0 ? error : FAKE_CUDA_ERROR_MEMORY_ALLOCATION;
-    register_fail_counter = 0;
-    unregister_fail_counter = 0;
-    unlock_state();
+    const struct driver_api *api = driver_get(true);
+    if (api)
+        api->set_fail_every(reg, unreg, error);
 }
 
 FAKE_EXPORT_EXTRA void fake_cudart_set_check(int on)
 {
-    lock_state();
-    config.check = on != 0;
-    unlock_state();
+    const struct driver_api *api = driver_get(true);
+    if (api)
+        api->set_check(on);
 }
 
 FAKE_EXPORT_EXTRA void fake_cudart_simulate_exit(void)

@@ -1,35 +1,94 @@
 /* fake_cudart: a test double for the part of the CUDA runtime that pinshim
  * uses (host-memory registration and error reporting). It is never shipped.
  *
- * The double follows the real runtime's rules for cudaHostRegister and
- * cudaHostUnregister, records every call, and checks the invariants the shim
- * promises (a registered range is mapped and locked for as long as it stays
- * registered). Environment variables, read at load time and again by
- * fake_cudart_reset() and fake_cudart_reload_config():
+ * It is a layer over the fake CUDA driver (fake_cuda.h, libcuda.so.1) and
+ * behaves towards it as the real libcudart behaves towards libcuda:
  *
- *   FAKE_CUDART_NO_DRIVER=1            every call fails with 35 (InsufficientDriver)
- *   FAKE_CUDART_DEVICES=N              device count (default 1); 0 means NoDevice (100)
+ *  - The driver is loaded lazily, at the first call that needs it
+ *    (dlopen(RTLD_NOW | RTLD_LOCAL) of FAKE_CUDA_DRIVER if set, else of the
+ *    fake driver's absolute path that meson compiles in as
+ *    FAKE_CUDA_DRIVER_PATH), and initialised with cuInit(0) by every such call
+ *    (cheap, and it keeps working across fake_cuda_reset). A library that does
+ *    not export fake_cuda_reset is not the fake and is never used: a real
+ *    libcuda is never called. Without a path, or with FAKE_CUDART_NO_DRIVER=1,
+ *    the driver is "missing": every call returns cudaErrorInsufficientDriver
+ *    (35) and the driver is never loaded. cudaGetLastError, cudaPeekAtLastError
+ *    and cudaGetErrorName/String need no driver.
+ *  - Per thread, a selected device (0 until cudaSetDevice). Every call that
+ *    needs a context (cudaHostRegister, cudaHostUnregister, cudaFree,
+ *    cudaPointerGetAttributes, cudaDeviceSynchronize) uses the context current
+ *    on the thread in the driver, if any; else it retains the primary context
+ *    of the thread's device -- which CREATES it when inactive, attributed to
+ *    the runtime's caller -- and makes it current on the thread. So a thread
+ *    that never chose a device registers on device 0, creating its context if
+ *    needed, whatever other threads chose. cudaSetDevice(d) does the same for
+ *    d (CUDA 12+: it initialises d's primary context). The runtime holds one
+ *    reference per device it used (as the real one does until exit).
+ *    cudaGetDevice reports the device of the current context if there is one,
+ *    else the thread's device, and creates nothing. cudaDeviceReset resets
+ *    that device's primary context (cuDevicePrimaryCtxReset_v2: registrations
+ *    made in it go with it); the runtime keeps its reference and brings the
+ *    context back (a new creation) at the next call that needs it, on any
+ *    thread where the old handle is still current. Any other destroyed
+ *    context current on the thread gives cudaErrorContextIsDestroyed (709).
+ *  - cudaHostRegister calls cuMemHostRegister_v2 with cudaHostRegisterDefault
+ *    (0) turned into PORTABLE|DEVICEMAP (documented for systems with unified
+ *    addressing, i.e. every 64-bit Linux one) and other flags unchanged.
+ *    cudaHostUnregister calls cuMemHostUnregister. Driver errors keep their
+ *    numbers (1, 2, 712, 713, 3 InitializationError, 4 DEINITIALIZED ->
+ *    CudartUnloading, 100, 101, 709, 800, 801, injected ones; 201
+ *    INVALID_CONTEXT -> 201 cudaErrorDeviceUninitialized, the runtime's name
+ *    for that number). Every registration lives in the driver's table: one
+ *    made through the runtime can be unregistered through the driver and vice
+ *    versa, and fake_cudart_live_count/snapshot/violation_count read it.
+ *  - cudaGetDeviceCount initialises the driver and reports its count (0 and
+ *    cudaErrorNoDevice with no device). cudaPointerGetAttributes reports type 1
+ *    (cudaMemoryTypeHost) inside a live registration of any context, else 0.
+ *  - Failures set the calling thread's last error: cudaGetLastError returns
+ *    and clears it, cudaPeekAtLastError does not clear it. With no driver,
+ *    after teardown or in a poisoned fork child they report that state.
+ *  - fork: a child of a process in which the runtime had initialised gets
+ *    cudaErrorInitializationError (3) from every call (the driver double
+ *    refuses such a child too); a child of a process that never initialised
+ *    can initialise normally.
+ *  - Teardown happens, like the real runtime's, in an exit handler registered
+ *    at load (and, as a backstop, in the library destructor): exit handlers
+ *    registered before the load and library destructors run after it. Note
+ *    that a library loaded from a constructor (before main) has its exit
+ *    handler run after all destructors, so then only the destructor counts.
+ *
+ * Environment variables of the runtime, read at load time and again by
+ * fake_cudart_reset() and fake_cudart_reload_config() (which also make the
+ * driver, if loaded, re-read its own):
+ *
+ *   FAKE_CUDART_NO_DRIVER=1            the driver is missing: every call fails with 35
+ *   FAKE_CUDART_UNLOAD_AT_EXIT=1       once torn down, every call returns 4 (CudartUnloading)
+ *   FAKE_CUDA_DRIVER=path              the fake driver to load instead of the built one
+ *   FAKE_CUDART_LOG=path               append one line per event to path
+ *
+ * and, read by the driver (see fake_cuda.h), with the meaning they always had:
+ *
+ *   FAKE_CUDART_DEVICES=N              device count when FAKE_CUDA_DEVICES is unset
  *   FAKE_CUDART_FAIL_REGISTER_EVERY=N  register calls N, 2N, ... fail without effect
  *   FAKE_CUDART_FAIL_UNREGISTER_EVERY=N
  *   FAKE_CUDART_FAIL_ERROR=E           the error those injected failures return (default 2)
- *   FAKE_CUDART_UNLOAD_AT_EXIT=1       once torn down, every call returns 4 (CudartUnloading)
  *   FAKE_CUDART_CHECK=0                skip the /proc/self/smaps invariant checks
- *   FAKE_CUDART_LOG=path               append one line per event to path
  *
- * Log lines (each one write(2) on an O_APPEND descriptor):
+ * Log lines (each one write(2) on an O_APPEND descriptor); the driver writes
+ * the register/unregister line of every call that reaches it (flags as the
+ * driver got them: 3 for cudaHostRegisterDefault) and the violation lines;
+ * the runtime writes the register/unregister line of a call that fails before
+ * reaching the driver (35, 4, 3, 100, ...) and the getlasterror lines, so
+ * each runtime call leaves exactly one line:
  *   register <pid> 0x<ptr> <size> <flags> <err>
  *   unregister <pid> 0x<ptr> <err>
  *   violation <pid> <kind> 0x<ptr> <size>
  *   getlasterror <pid> <err>
  *
- * Teardown happens, like the real runtime's, in an exit handler registered at
- * load (and, as a backstop, in the library destructor): exit handlers
- * registered before the load and library destructors run after it. Note that
- * a library loaded from a constructor (before main) has its exit handler run
- * after all destructors, so then only the destructor counts.
- *
  * The variant built with FAKE_CUDART_MINIMAL exports only cudaHostRegister and
- * cudaHostUnregister; everything else below is hidden in it.
+ * cudaHostUnregister; everything else below is hidden in it. Copies of the
+ * runtime loaded into one process (the full and the minimal one) keep their
+ * own runtime state and share the one driver.
  */
 #ifndef FAKE_CUDART_H
 #define FAKE_CUDART_H
@@ -51,6 +110,9 @@ enum fake_cudart_error {
     FAKE_CUDA_ERROR_STUB_LIBRARY = 34,
     FAKE_CUDA_ERROR_INSUFFICIENT_DRIVER = 35,
     FAKE_CUDA_ERROR_NO_DEVICE = 100,
+    FAKE_CUDA_ERROR_INVALID_DEVICE = 101,
+    FAKE_CUDA_ERROR_DEVICE_UNINITIALIZED = 201,
+    FAKE_CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     FAKE_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
     FAKE_CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
     FAKE_CUDA_ERROR_NOT_PERMITTED = 800,
@@ -68,6 +130,11 @@ enum fake_cudart_call {
     FAKE_CALL_PEEK_AT_LAST_ERROR,
     FAKE_CALL_GET_DEVICE_COUNT,
     FAKE_CALL_POINTER_GET_ATTRIBUTES,
+    FAKE_CALL_SET_DEVICE,
+    FAKE_CALL_GET_DEVICE,
+    FAKE_CALL_FREE,
+    FAKE_CALL_DEVICE_SYNCHRONIZE,
+    FAKE_CALL_DEVICE_RESET,
     FAKE_CALL_KIND_COUNT
 };
 
@@ -104,9 +171,15 @@ const char *cudaGetErrorName(int error);
 const char *cudaGetErrorString(int error);
 int cudaGetDeviceCount(int *count);
 int cudaPointerGetAttributes(void *attributes, const void *ptr);
+int cudaSetDevice(int device);
+int cudaGetDevice(int *device);
+int cudaFree(void *device_pointer);
+int cudaDeviceSynchronize(void);
+int cudaDeviceReset(void);
 #endif
 
-/* Number of live registrations. */
+/* Number of live registrations (in the driver's table, all contexts; 0 while
+ * the driver is not loaded). */
 size_t fake_cudart_live_count(void);
 
 /* Copies up to max live registrations, sorted by base, into out; returns how
@@ -120,20 +193,21 @@ size_t fake_cudart_violation_count_of(enum fake_cudart_violation kind);
 /* Calls made to one entry point since load or the last reset. */
 uint64_t fake_cudart_call_count(int which);
 
-/* Drops every registration, counter and violation, clears the calling
- * thread's last error, leaves the "unloading" state, and re-reads the
- * environment. */
+/* Drops the runtime's counters and state (unloading, fork, the primary
+ * contexts it holds), clears the calling thread's last error and selected
+ * device, re-reads the environment, and resets the driver if it is loaded
+ * (fake_cuda_reset: registrations, contexts, violations). */
 void fake_cudart_reset(void);
 
 /* Re-reads the environment without dropping registrations or counters. */
 void fake_cudart_reload_config(void);
 
-/* Overrides FAKE_CUDART_FAIL_*: register calls reg, 2*reg, ... and unregister
- * calls unreg, 2*unreg, ... (counted from now) fail with error; 0 disables.
- * An error <= 0 means cudaErrorMemoryAllocation. */
+/* Overrides FAKE_CUDART_FAIL_* in the driver (loading it unless missing): register calls reg,
+ * 2*reg, ... and unregister calls unreg, 2*unreg, ... (counted from now) fail with error; 0
+ * disables. An error <= 0 means cudaErrorMemoryAllocation. */
 void fake_cudart_set_fail_every(unsigned reg, unsigned unreg, int error);
 
-/* Overrides FAKE_CUDART_CHECK. */
+/* Overrides FAKE_CUDART_CHECK in the driver (loading it unless missing). */
 void fake_cudart_set_check(int on);
 
 /* Does what the library destructor does (enter the "unloading" state when

@@ -1,0 +1,50 @@
+/* Compiled into the fake driver when the CUDA Toolkit's cuda.h is found: the
+ * numbers and sizes the double hard-codes must be cuda.h's. A separate
+ * translation unit, because cuda.h's CUresult is an enum and its macros
+ * rename cuMemHostRegister and friends to their _v2 names. */
+#define FAKE_CUDA_NO_CUDA_PROTOTYPES
+#include "fake_cuda.h"
+
+#include <cuda.h>
+
+#define SAME(real, fake) ((int)(real) == (int)(fake))
+
+_Static_assert(sizeof(CUresult) == sizeof(int), "CUresult is int-sized");
+_Static_assert(sizeof(CUdevice) == sizeof(int), "CUdevice is an int");
+_Static_assert(sizeof(CUcontext) == sizeof(void *), "CUcontext is a pointer");
+_Static_assert(SAME(CUDA_SUCCESS, FAKE_CU_SUCCESS) &&
+                   SAME(CUDA_ERROR_INVALID_VALUE, FAKE_CU_ERROR_INVALID_VALUE) &&
+                   SAME(CUDA_ERROR_OUT_OF_MEMORY, FAKE_CU_ERROR_OUT_OF_MEMORY) &&
+                   SAME(CUDA_ERROR_NOT_INITIALIZED, FAKE_CU_ERROR_NOT_INITIALIZED) &&
+                   SAME(CUDA_ERROR_DEINITIALIZED, FAKE_CU_ERROR_DEINITIALIZED) &&
+                   SAME(CUDA_ERROR_STUB_LIBRARY, FAKE_CU_ERROR_STUB_LIBRARY) &&
+                   SAME(CUDA_ERROR_NO_DEVICE, FAKE_CU_ERROR_NO_DEVICE) &&
+                   SAME(CUDA_ERROR_INVALID_DEVICE, FAKE_CU_ERROR_INVALID_DEVICE) &&
+                   SAME(CUDA_ERROR_INVALID_CONTEXT, FAKE_CU_ERROR_INVALID_CONTEXT) &&
+                   SAME(CUDA_ERROR_CONTEXT_IS_DESTROYED, FAKE_CU_ERROR_CONTEXT_IS_DESTROYED) &&
+                   SAME(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+                        FAKE_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED) &&
+                   SAME(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+                        FAKE_CU_ERROR_HOST_MEMORY_NOT_REGISTERED) &&
+                   SAME(CUDA_ERROR_NOT_PERMITTED, FAKE_CU_ERROR_NOT_PERMITTED) &&
+                   SAME(CUDA_ERROR_NOT_SUPPORTED, FAKE_CU_ERROR_NOT_SUPPORTED) &&
+                   SAME(CUDA_ERROR_UNKNOWN, FAKE_CU_ERROR_UNKNOWN),
+               "CUresult values match cuda.h");
+_Static_assert(SAME(CU_MEMHOSTREGISTER_PORTABLE, FAKE_CU_MEMHOSTREGISTER_PORTABLE) &&
+                   SAME(CU_MEMHOSTREGISTER_DEVICEMAP, FAKE_CU_MEMHOSTREGISTER_DEVICEMAP) &&
+                   SAME(CU_MEMHOSTREGISTER_IOMEMORY, FAKE_CU_MEMHOSTREGISTER_IOMEMORY) &&
+                   SAME(CU_MEMHOSTREGISTER_READ_ONLY, FAKE_CU_MEMHOSTREGISTER_READ_ONLY),
+               "cuMemHostRegister flags match cuda.h");
+/* The versioned names the double exports are the ones cuda.h maps to. */
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemHostRegister_v2),
+                                            CUresult (*)(void *, size_t, unsigned int)),
+               "cuMemHostRegister_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuDevicePrimaryCtxRelease_v2),
+                                            CUresult (*)(CUdevice)),
+               "cuDevicePrimaryCtxRelease_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuCtxPushCurrent_v2),
+                                            CUresult (*)(CUcontext)),
+               "cuCtxPushCurrent_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuCtxPopCurrent_v2),
+                                            CUresult (*)(CUcontext *)),
+               "cuCtxPopCurrent_v2");
