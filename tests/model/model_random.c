@@ -106,6 +106,7 @@
 #include <unistd.h>
 
 #define FAKE_CUDART_NO_CUDA_PROTOTYPES
+#include "fake_cuda.h"
 #include "fake_cudart.h"
 #include "pinshim.h"
 
@@ -234,6 +235,7 @@ static struct fake_api fake;
 static pthread_mutex_t fake_mutex = PTHREAD_MUTEX_INITIALIZER;
 static int (*shim_is_registered)(const void *);
 static size_t (*shim_get_counters)(struct pinshim_counters *, size_t);
+static size_t (*shim_drain)(void);
 
 /* The shim loads the runtime at the first large lock; find that same copy. */
 static bool load_fake(void)
@@ -258,9 +260,31 @@ static bool load_fake(void)
     return snapshot != NULL && fake.violations != NULL && fake.calls != NULL;
 }
 
+/* Registrations counted where both of the shim's paths meet: the fake
+ * driver's cuMemHostRegister(_v2)/cuMemHostUnregister, which the shim calls
+ * directly in program mode and the fake runtime calls in create mode. */
+static uint64_t (*driver_call_count)(int);
+
 static uint64_t fake_calls(int which)
 {
-    return load_fake() ? fake.calls(which) : 0;
+    if (!load_fake())
+        return 0;
+    if (__atomic_load_n(&driver_call_count, __ATOMIC_ACQUIRE) == NULL) {
+        void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        uint64_t (*count)(int) =
+            driver ? (uint64_t(*)(int))dlsym(driver, "fake_cuda_call_count") : NULL;
+        if (driver != NULL)
+            dlclose(driver);
+        if (count == NULL)
+            return fake.calls(which); /* a runtime without the fake driver */
+        __atomic_store_n(&driver_call_count, count, __ATOMIC_RELEASE);
+    }
+    if (which == FAKE_CALL_REGISTER)
+        return driver_call_count(FAKE_CU_CALL_MEM_HOST_REGISTER) +
+               driver_call_count(FAKE_CU_CALL_MEM_HOST_REGISTER_V2);
+    if (which == FAKE_CALL_UNREGISTER)
+        return driver_call_count(FAKE_CU_CALL_MEM_HOST_UNREGISTER);
+    return fake.calls(which);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1059,6 +1083,10 @@ static bool check_disabled_child(struct context *context, const struct context *
 static bool check_runtime(struct context *context, const struct context *scope)
 {
     context->checks++;
+    /* With the shim's registration thread (PINSHIM_ASYNC=on), what was
+     * locked so far is registered once it has caught up. */
+    if (shim_drain != NULL && !child_registration_disabled)
+        shim_drain();
     bool ok = check_model_consistent(context, scope);
     if (child_registration_disabled)
         return check_disabled_child(context, scope) && ok;
@@ -3817,6 +3845,8 @@ static bool registering_lock_range(struct context *context, const struct op *op,
  * the runtime does not hold are taken as left out, and counted. */
 static void adopt_race_skipped_pages(struct context *context, uintptr_t start, uintptr_t end)
 {
+    if (shim_drain != NULL)
+        shim_drain(); /* queued registrations are not race-skipped pages */
     size_t count = load_fake() ? fake.snapshot(context->snapshot, MAX_RANGES) : 0;
     size_t next = 0;
     for (uintptr_t page = start; page < end; page += page_size) {
@@ -4109,9 +4139,23 @@ int main(int argc, char **argv)
     shim_is_registered = (int (*)(const void *))dlsym(RTLD_DEFAULT, "pinshim_is_registered");
     shim_get_counters =
         (size_t(*)(struct pinshim_counters *, size_t))dlsym(RTLD_DEFAULT, "pinshim_get_counters");
+    shim_drain = (size_t(*)(void))dlsym(RTLD_DEFAULT, "pinshim_drain");
     if (shim_is_registered == NULL || getenv("PINSHIM_CUDART") == NULL) {
         printf("model_random: libpinshim.so is not preloaded or PINSHIM_CUDART is unset\n");
         return EXIT_HARNESS;
+    }
+    /* MODEL_PROGRAM_CONTEXT=1: the program initialises CUDA itself (the fake
+     * runtime on the fake driver: cudaFree(NULL) makes device 0's primary
+     * context current on this thread), so that the shim, with
+     * PINSHIM_CONTEXT=program, registers into it; its other threads have no
+     * context and the shim uses the active primary one. */
+    if (getenv("MODEL_PROGRAM_CONTEXT") != NULL && getenv("MODEL_PROGRAM_CONTEXT")[0] == '1') {
+        void *runtime = dlopen(getenv("PINSHIM_CUDART"), RTLD_NOW);
+        int (*cuda_free)(void *) = runtime ? (int (*)(void *))dlsym(runtime, "cudaFree") : NULL;
+        if (cuda_free == NULL || cuda_free(NULL) != 0) {
+            printf("model_random: cannot initialise CUDA through %s\n", getenv("PINSHIM_CUDART"));
+            return EXIT_HARNESS;
+        }
     }
     /* Set up stdio's buffer before any object exists. */
     static char stdout_buffer[1 << 16];
