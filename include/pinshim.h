@@ -73,9 +73,10 @@ PINSHIM_API size_t pinshim_get_counters(struct pinshim_counters *out, size_t siz
 /* Waits until the shim's registration thread has registered every range
  * locked so far that can be registered now (PINSHIM_ASYNC=on registers in
  * the background: a program that needs its buffers pinned before it goes on
- * calls this). Returns the number of locked ranges still waiting for the
- * program's CUDA context (PINSHIM_CONTEXT=program), which it does not wait for.
- * Since 0.2.0. */
+ * calls this). Ranges waiting for the program's CUDA context
+ * (PINSHIM_CONTEXT=program) are looked at once more first, so a context the
+ * program has just made is used. Returns the number of locked ranges still
+ * waiting for a context, which it does not wait for. Since 0.2.0. */
 PINSHIM_API size_t pinshim_drain(void);
 
 #ifdef __cplusplus

@@ -125,8 +125,8 @@ static bool primary_active(struct cuda_driver *driver, int device)
 }
 
 enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool from_worker,
-                                            const struct range_place *hint,
-                                            int *preferred_device, struct range_place *place)
+                                            const struct range_place *hint, int *preferred_device,
+                                            struct range_place *place)
 {
     *place = (struct range_place){.device = -1};
     if (!cuda_driver_find(driver))
@@ -188,8 +188,8 @@ enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool fro
 
 /* Enters the context place names (when it is not current already); *entered
  * tells the caller to leave it, *retained to release the primary context. */
-static int enter_place(struct cuda_driver *driver, const struct range_place *place,
-                       bool *entered, bool *retained)
+static int enter_place(struct cuda_driver *driver, const struct range_place *place, bool *entered,
+                       bool *retained)
 {
     *entered = *retained = false;
     uintptr_t current = 0;
@@ -245,8 +245,7 @@ int cuda_driver_register(struct cuda_driver *driver, const struct range_place *p
     return context_gone(error) ? ENGINE_CUDA_NO_CONTEXT : error;
 }
 
-int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place *place,
-                           void *base)
+int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place *place, void *base)
 {
     if (!cuda_driver_find(driver))
         return ENGINE_CUDA_NOT_REGISTERED;

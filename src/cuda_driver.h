@@ -64,8 +64,8 @@ bool cuda_driver_is_loaded(void);
  * program's threads were last seen using, or -1; updated when the calling
  * thread has a current context. */
 enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool from_worker,
-                                            const struct range_place *hint,
-                                            int *preferred_device, struct range_place *place);
+                                            const struct range_place *hint, int *preferred_device,
+                                            struct range_place *place);
 
 /* Registers or unregisters in place's context, entered for the call and left
  * afterwards. ENGINE_CUDA_NO_CONTEXT when that context is not there (any
@@ -73,8 +73,7 @@ enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool fro
  * context is gone (the driver dropped its registrations with it). */
 int cuda_driver_register(struct cuda_driver *driver, const struct range_place *place, void *base,
                          size_t length, unsigned flags);
-int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place *place,
-                           void *base);
+int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place *place, void *base);
 
 /* Whether the process has initialised the driver (cuInit): a probe that never
  * initialises anything. False when the driver is not loaded. */

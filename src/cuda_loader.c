@@ -122,8 +122,8 @@ static bool runtime_has_device(struct cuda_runtime *runtime)
     int error = runtime->get_device_count(&count);
     if (error != 0) {
         cuda_runtime_clear_last_error(runtime);
-        snprintf(runtime->error, sizeof(runtime->error), "%.400s reports %s (%d)%s",
-                 runtime->path, cuda_error_name(runtime, error), error,
+        snprintf(runtime->error, sizeof(runtime->error), "%.400s reports %s (%d)%s", runtime->path,
+                 cuda_error_name(runtime, error), error,
                  error == 35    ? ": no usable NVIDIA driver"
                  : error == 100 ? ": no CUDA device"
                                 : "");
@@ -147,8 +147,7 @@ static void note_try(struct cuda_runtime *runtime, const char *name)
 }
 
 /* Tries handle (opened as name): usable, or noted and left for the next. */
-static bool try_runtime(struct cuda_runtime *runtime, void *handle, const char *name,
-                        bool shared)
+static bool try_runtime(struct cuda_runtime *runtime, void *handle, const char *name, bool shared)
 {
     runtime->handle = handle;
     runtime->path[0] = '\0';

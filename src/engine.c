@@ -248,8 +248,7 @@ static struct engine_waiting *waiting_pop_locked(struct engine_waiting **head,
 /* Keeps the counts of queued and pending records (read without the lock by
  * the worker checks) and their lists in step with a record entering (sign 1)
  * or leaving (-1) a state. */
-static void account_state_locked(struct engine *engine, const struct range_record *record,
-                                 int sign)
+static void account_state_locked(struct engine *engine, const struct range_record *record, int sign)
 {
     uint64_t bytes = record->end - record->base;
     if (record->state == RANGE_QUEUED) {
@@ -262,8 +261,7 @@ static void account_state_locked(struct engine *engine, const struct range_recor
                          __ATOMIC_RELAXED);
         engine->pending_bytes += sign > 0 ? bytes : (uint64_t)0 - bytes;
         if (sign > 0)
-            waiting_push_locked(engine, &engine->pending_head, &engine->pending_tail,
-                                record->base);
+            waiting_push_locked(engine, &engine->pending_head, &engine->pending_tail, record->base);
     }
 }
 
@@ -498,8 +496,8 @@ static void register_record_locked(struct engine *engine, uintptr_t base, bool o
 
     pthread_mutex_unlock(&engine->mutex);
     uint64_t began = now_nanoseconds();
-    int error = engine->backend->register_range(engine->backend->context, &place, (void *)base,
-                                                length);
+    int error =
+        engine->backend->register_range(engine->backend->context, &place, (void *)base, length);
     if (error == ENGINE_CUDA_SUCCESS && engine->backend->registered != NULL)
         engine->backend->registered(engine->backend->context, base, base + length, true);
     uint64_t took = now_nanoseconds() - began;
@@ -540,7 +538,7 @@ static void register_record_locked(struct engine *engine, uintptr_t base, bool o
         } else {
             counters->register_failed++;
             if (first)
-                log_warn("cudaHostRegister(%#lx, %lu) failed: %s (%d); the range stays "
+                log_warn("registering %#lx + %lu bytes failed: %s (%d); the range stays "
                          "mlocked only; further %s failures are counted, not logged",
                          (unsigned long)base, (unsigned long)length, error_name(engine, error),
                          error, error_name(engine, error));
@@ -600,8 +598,7 @@ static void add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t en
         }
         if (deferred) {
             engine->deferred_total++;
-            if (choice == ENGINE_PLACE_DEFER)
-                want_worker_locked(op);
+            want_worker_locked(op); /* the watcher */
         } else if (record.state == RANGE_QUEUED) {
             want_worker_locked(op);
         } else {
@@ -716,7 +713,7 @@ static int unregister_record_locked(struct engine *engine, uintptr_t base,
     } else {
         counters->unregister_failed++;
         if (note_error(engine, error, engine->warned_unregister))
-            log_warn("cudaHostUnregister(%#lx) failed: %s (%d); further %s failures are "
+            log_warn("unregistering %#lx failed: %s (%d); further %s failures are "
                      "counted, not logged",
                      (unsigned long)base, error_name(engine, error), error,
                      error_name(engine, error));
@@ -821,9 +818,8 @@ static void release_locked(struct engine_op *op, const struct release_request *r
             (request->reason == RELEASE_MUNLOCK || request->reason == RELEASE_EXIT ||
              request->reason == RELEASE_PROGRAM))
             continue; /* the program's registration does not depend on the lock */
-        if (request->block &&
-            !ranges_overlap(record->lock_start, record->lock_end, request->block_start,
-                            request->block_end)) {
+        if (request->block && !ranges_overlap(record->lock_start, record->lock_end,
+                                              request->block_start, request->block_end)) {
             /* Registered for other memory: only the pages the block covers
              * whole can go back to the allocator; a page it shares with a
              * live neighbour cannot. */
@@ -840,8 +836,8 @@ static void release_locked(struct engine_op *op, const struct release_request *r
 
 /* Registers again (or queues, or keeps pending) the ticket's pieces, clipped
  * to [clip_start, clip_end); only the parts is_wanted accepts when given. */
-static void restore_locked(struct engine_op *op, struct engine_ticket *ticket,
-                           uintptr_t clip_start, uintptr_t clip_end, bool only_mapped)
+static void restore_locked(struct engine_op *op, struct engine_ticket *ticket, uintptr_t clip_start,
+                           uintptr_t clip_end, bool only_mapped)
 {
     struct engine *engine = op->engine;
     for (struct engine_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
@@ -861,15 +857,13 @@ static void restore_locked(struct engine_op *op, struct engine_ticket *ticket,
                                           .lock_end = piece->lock_end,
                                           .place = piece->place,
                                           .state = RANGE_PROGRAM,
-                                          .had_shim_registration =
-                                              piece->had_shim_registration};
+                                          .had_shim_registration = piece->had_shim_registration};
             insert_record_locked(engine, &record);
             continue;
         }
         enum engine_choice choice =
             piece->state == RANGE_PENDING ? ENGINE_PLACE_DEFER : ENGINE_PLACE_READY;
-        add_range_locked(op, start, end, piece->lock_start, piece->lock_end, choice,
-                         &piece->place);
+        add_range_locked(op, start, end, piece->lock_start, piece->lock_end, choice, &piece->place);
     }
     ticket_discard_locked(engine, ticket);
 }
@@ -980,8 +974,8 @@ long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned 
     }
     bool onfault = (flags & ENGINE_LOCK_ONFAULT) != 0;
     if (onfault && engine->options.onfault == ENGINE_ONFAULT_SKIP) {
-        __atomic_fetch_add(&engine->skipped_onfault_pages, (end - start) / engine->options.page_size,
-                           __ATOMIC_RELAXED);
+        __atomic_fetch_add(&engine->skipped_onfault_pages,
+                           (end - start) / engine->options.page_size, __ATOMIC_RELAXED);
         return run_plain(call);
     }
 
@@ -1023,8 +1017,8 @@ long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, boo
                 bool locks, const struct engine_call *call)
 {
     uintptr_t start = 0, end = 0;
-    if (!engine_active(engine) || (replaces && !byte_range_pages(engine, fixed_start, length,
-                                                                  &start, &end)))
+    if (!engine_active(engine) ||
+        (replaces && !byte_range_pages(engine, fixed_start, length, &start, &end)))
         return run_plain(call);
     if (replaces && !locks && !engine_may_overlap(engine, start, end))
         return run_plain(call);
@@ -1138,8 +1132,8 @@ long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
     op_begin(&op, engine);
     claim_locked(&op, &pages_start, &pages_end, 1, true, false);
     struct engine_ticket ticket = {0};
-    struct release_request request = {
-        pages_start, pages_end, reason, can_fail ? &ticket : NULL, true, start, end};
+    struct release_request request = {pages_start, pages_end, reason, can_fail ? &ticket : NULL,
+                                      true,        start,     end};
     release_locked(&op, &request);
     int call_errno;
     long result = op_run(&op, call, &call_errno);
@@ -1267,13 +1261,13 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
         claim_locked(&op, starts, ends, ranges, true, false);
     struct engine_ticket moved = {0}, replaced = {0};
     if (old_size != 0) {
-        struct release_request request = {span_start, span_end, RELEASE_MREMAP, &moved,
-                                          false,      0,        0};
+        struct release_request request = {span_start, span_end, RELEASE_MREMAP, &moved, false,
+                                          0,          0};
         release_locked(&op, &request);
     }
     if (fixed) {
-        struct release_request request = {target_start, target_end, RELEASE_MREMAP, &replaced,
-                                          false,        0,          0};
+        struct release_request request = {
+            target_start, target_end, RELEASE_MREMAP, &replaced, false, 0, 0};
         release_locked(&op, &request);
     }
     int call_errno;
@@ -1359,8 +1353,8 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
      * shim's registrations there go (the parts outside are registered again),
      * queued and pending ones are dropped, before the program's call. */
     struct engine_ticket ticket = {0};
-    struct release_request request = {pages_start, pages_end, RELEASE_PROGRAM, &ticket,
-                                      false,       0,          0};
+    struct release_request request = {pages_start, pages_end, RELEASE_PROGRAM, &ticket, false,
+                                      0,           0};
     release_locked(&op, &request);
     bool had_shim = ticket.head != NULL;
     int call_errno;
@@ -1372,11 +1366,11 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
         uintptr_t cursor = pages_start;
         while (cursor < pages_end) {
             uintptr_t gap_start, gap_end = pages_end;
-            if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor,
-                                      pages_end, &gap_start))
+            if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor, pages_end,
+                                      &gap_start))
                 break;
-            if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start,
-                                      pages_end, &gap_end))
+            if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start, pages_end,
+                                      &gap_end))
                 gap_end = pages_end;
             struct range_record record = {.base = gap_start,
                                           .end = gap_end,
@@ -1461,8 +1455,8 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
             /* The shim had these pages before the program took them: take
              * back what is still locked. */
             pthread_mutex_unlock(&engine->mutex);
-            struct take_back_context take = {&op, program.base, cursor, ENGINE_PLACE_DEFER,
-                                             {.device = -1}};
+            struct take_back_context take = {
+                &op, program.base, cursor, ENGINE_PLACE_DEFER, {.device = -1}};
             take.choice =
                 engine->backend->choose_place(engine->backend->context, false, NULL, &take.place);
             if (take.choice != ENGINE_PLACE_DISABLED)
@@ -1580,12 +1574,12 @@ void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool qu
             break;
         engine->poll_wakeups++;
         enum engine_choice choice = place_pending_locked(engine);
+        engine->pending_passes++;
+        pthread_cond_broadcast(&engine->changed);
         if (choice == ENGINE_PLACE_READY || choice == ENGINE_PLACE_DISABLED) {
             backoff = 10 * 1000 * 1000 < poll_nanoseconds ? 10 * 1000 * 1000 : poll_nanoseconds;
             continue;
         }
-        if (choice == ENGINE_PLACE_DEFER_IDLE && engine->queue_head == NULL)
-            break; /* no CUDA driver in the process: a later shim call pokes */
         struct timespec deadline;
         clock_gettime(CLOCK_MONOTONIC, &deadline);
         uint64_t at = (uint64_t)deadline.tv_nsec + backoff;
@@ -1601,13 +1595,25 @@ void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool qu
     pthread_setcancelstate(cancel_state, &ignored);
 }
 
-size_t engine_drain(struct engine *engine)
+size_t engine_drain(struct engine *engine, bool look_for_context)
 {
     if (!engine->registry_ok)
         return 0;
     int cancel_state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     pthread_mutex_lock(&engine->mutex);
+    if (look_for_context && engine->pending_ranges != 0 && !engine->shut_down) {
+        /* The thread may sleep in its back-off or not run at all: wake it
+         * and wait for one whole look, rather than look here (one thread
+         * places pending ranges, so their order and counts stay simple). */
+        uint64_t pass = engine->pending_passes;
+        pthread_mutex_unlock(&engine->mutex);
+        engine_worker_poke(engine);
+        pthread_mutex_lock(&engine->mutex);
+        while (!engine->shut_down && engine->worker_active && engine->pending_ranges != 0 &&
+               engine->pending_passes == pass)
+            pthread_cond_wait(&engine->changed, &engine->mutex);
+    }
     while (!engine->shut_down && engine->worker_active &&
            (engine->queued_ranges != 0 || engine->worker_busy))
         pthread_cond_wait(&engine->changed, &engine->mutex);

@@ -41,10 +41,10 @@ enum {
 
 /* Where a registration made now would go. */
 enum engine_choice {
-    ENGINE_PLACE_READY,    /* *place filled in */
-    ENGINE_PLACE_DEFER,    /* no CUDA context in the process yet: look again soon */
-    ENGINE_PLACE_DEFER_IDLE, /* not even a CUDA driver loaded: wait until a shim call sees one */
-    ENGINE_PLACE_DISABLED, /* registration is off for good in this process */
+    ENGINE_PLACE_READY,      /* *place filled in */
+    ENGINE_PLACE_DEFER,      /* no CUDA context in the process yet: look again soon */
+    ENGINE_PLACE_DEFER_IDLE, /* not even a CUDA driver loaded: the same, told apart in logs */
+    ENGINE_PLACE_DISABLED,   /* registration is off for good in this process */
 };
 
 struct engine_backend {
@@ -121,9 +121,9 @@ struct engine_call {
 
 /* What a failed unlock-type call left locked, to register again. */
 enum engine_failure_rule {
-    ENGINE_FAILED_CHANGED_NOTHING,      /* munmap, munlockall, realloc */
-    ENGINE_FAILED_UNLOCKED_TO_HOLE,     /* munlock: ENOMEM after unlocking up to a hole */
-    ENGINE_FAILED_MAY_HAVE_UNMAPPED,    /* mmap(MAP_FIXED): put back what is still mapped */
+    ENGINE_FAILED_CHANGED_NOTHING,   /* munmap, munlockall, realloc */
+    ENGINE_FAILED_UNLOCKED_TO_HOLE,  /* munlock: ENOMEM after unlocking up to a hole */
+    ENGINE_FAILED_MAY_HAVE_UNMAPPED, /* mmap(MAP_FIXED): put back what is still mapped */
 };
 
 /* free's lock-free view, read on every free while records exist, written
@@ -180,9 +180,9 @@ struct engine {
     /* Where the gate is kept: free_view.gate, or (engine_keep_gate_at) a
      * variable of its own that free reads with a RIP-relative compare. */
     uintptr_t *gate;
-    uint8_t *window_bytes;     /* ENGINE_WINDOW_MAP_BYTES, or NULL */
-    bool window_allowed;       /* engine_enable_window was called */
-    bool window_placed;        /* window_base chosen (at the first record) */
+    uint8_t *window_bytes; /* ENGINE_WINDOW_MAP_BYTES, or NULL */
+    bool window_allowed;   /* engine_enable_window was called */
+    bool window_placed;    /* window_base chosen (at the first record) */
     pthread_mutex_t mutex;
     pthread_cond_t changed; /* claims dropped, worker work */
     struct range_registry registry;
@@ -201,21 +201,22 @@ struct engine {
     struct engine_waiting *queue_head, *queue_tail, *pending_head, *pending_tail;
     size_t queued_ranges, pending_ranges; /* written under the mutex, read without it */
     uint64_t pending_bytes;
-    bool worker_active;     /* a registration thread runs (or is being started) */
-    bool worker_busy;       /* it is registering a range now */
-    uint64_t poll_wakeups;  /* times the thread looked for a context */
+    bool worker_active;               /* a registration thread runs (or is being started) */
+    bool worker_busy;                 /* it is registering a range now */
+    uint64_t poll_wakeups;            /* times the thread looked for a context */
+    uint64_t pending_passes;          /* looks finished (engine_drain waits for one) */
     struct pinshim_counters counters; /* guarded by mutex; the fields below are not */
     /* Bumped with relaxed atomics outside the lock, merged by engine_get_counters. */
     uint64_t skipped_small, lock_calls, unlock_calls, mlockall_calls;
-    uint64_t skipped_disabled; /* locks not registered: registration off in this process */
-    uint64_t skipped_address;  /* locks above the indexed address space */
+    uint64_t skipped_disabled;      /* locks not registered: registration off in this process */
+    uint64_t skipped_address;       /* locks above the indexed address space */
     uint64_t skipped_onfault_pages; /* MLOCK_ONFAULT pages not resident, not registered */
-    uint64_t exit_unloading;   /* exit unregistrations answered "runtime/driver unloading" */
+    uint64_t exit_unloading;        /* exit unregistrations answered "runtime/driver unloading" */
     uint64_t live_ranges_at_exit, live_bytes_at_exit;
     uint64_t pending_ranges_at_exit, pending_bytes_at_exit;
     uint64_t queued_ranges_at_exit, queued_bytes_at_exit;
     uint64_t deferred_total, deferred_registered; /* ranges that waited for a context */
-    uint64_t cancelled_queued, dropped_pending; /* released before they were registered */
+    uint64_t cancelled_queued, dropped_pending;   /* released before they were registered */
     uint64_t gone_with_context; /* unregistrations that found the registration gone (713) */
     uint64_t program_registrations, program_unregistrations, program_took_back;
     uint64_t wait_nanoseconds;       /* time program threads spent in backend calls */
@@ -318,7 +319,8 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
  * shares with the block and loses only the pages inside it. call failing
  * (realloc returning NULL for a nonzero size) restores what was released. */
 long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
-                          enum release_reason reason, bool can_fail, const struct engine_call *call);
+                          enum release_reason reason, bool can_fail,
+                          const struct engine_call *call);
 
 /* The program's own cudaHostRegister / cudaHostUnregister (call: the real
  * one). Before the program registers, the shim gives up every page of the
@@ -350,8 +352,12 @@ static inline bool engine_has_pending(const struct engine *engine)
     return __atomic_load_n(&engine->pending_ranges, __ATOMIC_RELAXED) != 0;
 }
 /* Waits until nothing is queued for or being registered by the registration
- * thread; returns the number of ranges still pending (waiting for a context). */
-size_t engine_drain(struct engine *engine);
+ * thread; returns the number of ranges still pending (waiting for a context).
+ * With look_for_context (the caller knows a CUDA driver is loaded), pending
+ * ranges are looked at once more first: the thread is woken (started if need
+ * be) and the call waits for that pass, so a context the program made just
+ * before is used. */
+size_t engine_drain(struct engine *engine, bool look_for_context);
 /* Wakes the registration thread (a context may have appeared). */
 void engine_worker_poke(struct engine *engine);
 

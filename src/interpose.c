@@ -555,6 +555,9 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
         long result = syscall(SYS_mmap, addr, length, prot, flags, fd, offset);
         return result == -1 ? MAP_FAILED : (void *)result;
     }
+    /* Before the fast path: a program initialising CUDA maps memory, which
+     * is when ranges waiting for its context can go (one load otherwise). */
+    runtime_notice_cuda();
     if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1) || runtime_guarded())
         return next(addr, length, prot, flags, fd, offset);
     uintptr_t start = (uintptr_t)addr;
@@ -566,7 +569,6 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
         runtime_ensure_initialized();
         choose_block_extent_source_once(length);
     }
-    runtime_notice_cuda();
     errno = saved_errno;
     struct map_call arguments = {next, addr, length, prot, flags, fd, offset};
     struct engine_call call = {run_mmap, &arguments};

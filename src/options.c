@@ -237,8 +237,7 @@ static const char *const context_names[] = {"program", "create"};
 static const char *const onfault_names[] = {"resident", "skip", "all"};
 static const char *const fork_names[] = {"copy", "dontfork"};
 
-static bool parse_context(const char *value, struct pinshim_config *cfg, char *why,
-                          size_t why_size)
+static bool parse_context(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
 {
     int mode;
     if (!parse_name(value, context_names, 2, &mode)) {
@@ -249,8 +248,7 @@ static bool parse_context(const char *value, struct pinshim_config *cfg, char *w
     return true;
 }
 
-static bool parse_device(const char *value, struct pinshim_config *cfg, char *why,
-                         size_t why_size)
+static bool parse_device(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
 {
     if (strcasecmp(value, "thread") == 0) {
         cfg->device = -1;
@@ -265,8 +263,7 @@ static bool parse_device(const char *value, struct pinshim_config *cfg, char *wh
     return true;
 }
 
-static bool parse_async(const char *value, struct pinshim_config *cfg, char *why,
-                        size_t why_size)
+static bool parse_async(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
 {
     struct pinshim_config scratch = *cfg;
     if (!parse_register(value, &scratch, why, why_size))
@@ -287,8 +284,7 @@ static bool parse_max_registration(const char *value, struct pinshim_config *cfg
     return true;
 }
 
-static bool parse_onfault(const char *value, struct pinshim_config *cfg, char *why,
-                          size_t why_size)
+static bool parse_onfault(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
 {
     int mode;
     if (!parse_name(value, onfault_names, 3, &mode)) {

@@ -188,8 +188,7 @@ static int create_mode_register(struct range_place *place, void *base, size_t le
     return error;
 }
 
-static int backend_register(void *context, struct range_place *place, void *base,
-                            size_t length)
+static int backend_register(void *context, struct range_place *place, void *base, size_t length)
 {
     (void)context;
     runtime_guard_enter();
@@ -253,8 +252,7 @@ static bool backend_is_mapped(void *context, uintptr_t start, uintptr_t end)
     return memory_map_is_mapped(start, end);
 }
 
-static bool backend_mapping_bounds(void *context, uintptr_t addr, uintptr_t *start,
-                                   uintptr_t *end)
+static bool backend_mapping_bounds(void *context, uintptr_t addr, uintptr_t *start, uintptr_t *end)
 {
     (void)context;
     return memory_map_find(addr, start, end);
@@ -282,9 +280,15 @@ static void backend_wake_worker(void *context)
     runtime_guard_enter();
     int error = pthread_attr_init(&attributes);
     if (error == 0) {
-        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
         pthread_sigmask(SIG_SETMASK, &all, &previous);
         error = pthread_create(&thread, &attributes, registration_thread, NULL);
+        /* Named before the lock call returns, so that what a program sees
+         * in /proc after it is settled (the thread names itself too), then
+         * detached: joinable until here so that its handle stays valid. */
+        if (error == 0) {
+            pthread_setname_np(thread, "pinshim-reg");
+            pthread_detach(thread);
+        }
         pthread_sigmask(SIG_SETMASK, &previous, NULL);
         pthread_attr_destroy(&attributes);
     }
@@ -472,8 +476,7 @@ static bool stderr_copy_intact(void)
     struct stat now;
     int flags = stderr_copy >= 0 ? fcntl(stderr_copy, F_GETFD) : -1;
     return flags >= 0 && (flags & FD_CLOEXEC) && fstat(stderr_copy, &now) == 0 &&
-           now.st_dev == stderr_copy_identity.st_dev &&
-           now.st_ino == stderr_copy_identity.st_ino &&
+           now.st_dev == stderr_copy_identity.st_dev && now.st_ino == stderr_copy_identity.st_ino &&
            now.st_rdev == stderr_copy_identity.st_rdev &&
            (now.st_mode & S_IFMT) == (stderr_copy_identity.st_mode & S_IFMT);
 }
@@ -668,8 +671,8 @@ static void write_stats(void)
 
 void runtime_before_immediate_exit(void)
 {
-    if (!runtime_is_initialized() || runtime_config.stats_mode == STATS_NONE ||
-        runtime_guarded() || getpid() != process_id)
+    if (!runtime_is_initialized() || runtime_config.stats_mode == STATS_NONE || runtime_guarded() ||
+        getpid() != process_id)
         return;
     int saved_errno = errno;
     runtime_guard_enter();
@@ -716,7 +719,13 @@ PINSHIM_EXPORT size_t pinshim_drain(void)
 {
     if (!runtime_is_initialized() || runtime_guarded())
         return 0;
-    return engine_drain(&runtime_engine);
+    bool look = false;
+    if (engine_has_pending(&runtime_engine) && runtime_config.context_mode == CONTEXT_PROGRAM) {
+        runtime_guard_enter();
+        look = driver.found || cuda_driver_is_loaded();
+        runtime_guard_leave();
+    }
+    return engine_drain(&runtime_engine, look);
 }
 
 PINSHIM_EXPORT size_t pinshim_get_counters(struct pinshim_counters *out, size_t size)

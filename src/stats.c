@@ -161,8 +161,7 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_json_string(&out, mode);
     out_text(&out, ", \"driver\": ");
     out_json_string(&out, report->driver_path);
-    out_format(&out, ", \"contexts_created\": %llu}",
-               (unsigned long long)report->contexts_created);
+    out_format(&out, ", \"contexts_created\": %llu}", (unsigned long long)report->contexts_created);
     out_text(&out, ",\n \"devices\": [");
     bool first_device = true;
     for (size_t i = 0; i < report->device_count; i++) {

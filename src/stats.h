@@ -25,12 +25,12 @@ struct stats_report {
     bool cudart_shared;
     const char *cudart_path;  /* NULL when nothing was loaded */
     const char *cudart_error; /* NULL when it loaded fine or was never needed */
-    size_t cudart_try_count; /* runtimes passed over before the one used, and why */
+    size_t cudart_try_count;  /* runtimes passed over before the one used, and why */
     struct {
         const char *name;
         const char *result;
     } cudart_tries[STATS_MAX_TRIES];
-    const char *driver_path; /* the program's libcuda.so.1, when the shim used it */
+    const char *driver_path;   /* the program's libcuda.so.1, when the shim used it */
     uint64_t contexts_created; /* by the shim (PINSHIM_CONTEXT=create only) */
     struct pinshim_counters counters;
     uint64_t skipped_disabled;
@@ -52,7 +52,7 @@ struct stats_report {
         uint64_t registrations, bytes;
     } devices[STATS_MAX_DEVICES];
     bool fork_child;
-    const char *ended_by; /* "exit", or "_exit" (no exit handlers ran); NULL: not said */
+    const char *ended_by;          /* "exit", or "_exit" (no exit handlers ran); NULL: not said */
     uint64_t warnings;             /* warnings the shim raised in this process (log.h) */
     const char *block_size_source; /* how free learned block sizes; NULL: not reported */
     size_t error_count;

@@ -242,7 +242,7 @@ static void *work(void *argument)
             /* With a registration thread: let it catch up now and then, so
              * releases meet registered ranges too, not only queued ones. */
             if (next_random(&state) % 2)
-                engine_drain(&engine);
+                engine_drain(&engine, false);
             break;
         }
     }
@@ -269,7 +269,7 @@ static int run(bool asynchronous)
         pthread_create(&threads[i], NULL, work, (void *)(i * 7919 + 1));
     for (int i = 0; i < THREADS; i++)
         pthread_join(threads[i], NULL);
-    engine_drain(&engine);
+    engine_drain(&engine, false);
     engine_shutdown(&engine);
     while (atomic_load(&worker_running))
         sched_yield();

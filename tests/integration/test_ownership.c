@@ -36,8 +36,9 @@ static void run(struct child_result *result, bool with_shim, const char *const *
     snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", with_shim ? required("PINSHIM_LIB") : "");
     /* The runtime the program is linked against: the shim shares it. */
     snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s", required("FAKE_CUDART"));
-    const char *env[16] = {preload, cudart, "PINSHIM_STATS=", "PINSHIM_LOG=", "PINSHIM_MIN_BYTES=",
-                           "FAKE_CUDART_LOG="};
+    const char *env[16] = {
+        preload,           cudart, "PINSHIM_STATS=", "PINSHIM_LOG=", "PINSHIM_MIN_BYTES=",
+        "FAKE_CUDART_LOG="};
     size_t count = 6;
     for (size_t i = 0; settings != NULL && settings[i] != NULL && count < 15; i++)
         env[count++] = settings[i];
@@ -48,7 +49,10 @@ static void run(struct child_result *result, bool with_shim, const char *const *
                  result->err);
 }
 
-static void expect_same_as_without_the_shim(const char *const *settings)
+/* first_lock_waits: PINSHIM_CONTEXT=program, where the first lock comes
+ * before the program has initialised CUDA, so the shim holds it as pending
+ * (not registered) until the program's own registration takes it over. */
+static void expect_same_as_without_the_shim(const char *const *settings, bool first_lock_waits)
 {
     struct child_result without, with;
     run(&without, false, settings);
@@ -60,7 +64,8 @@ static void expect_same_as_without_the_shim(const char *const *settings)
     cr_assert(strstr(with.err, "pinshim:") == NULL, "the shim warned:\n%s", with.err);
     /* What the shim held at each step. */
     const char *shim_says[] = {
-        "shim: after lock: the shim holds it: 1",
+        first_lock_waits ? "shim: after lock: the shim holds it: 0"
+                         : "shim: after lock: the shim holds it: 1",
         "shim: after the program's register: the shim holds it: 0",
         "shim: after unlock: the shim holds it: 0",
         "shim: after the program's unregister: the shim holds it: 0",
@@ -75,7 +80,8 @@ static void expect_same_as_without_the_shim(const char *const *settings)
     /* Registered (by the shim or the program) at each step, as the program's
      * cudaPointerGetAttributes sees it: with the shim, locked memory is. */
     const char *with_states[] = {
-        "state: after lock: pointer type 1",
+        first_lock_waits ? "state: after lock: pointer type 0"
+                         : "state: after lock: pointer type 1",
         "state: after the program's register: pointer type 1",
         "state: after unlock: pointer type 1", /* the program's registration */
         "state: after the program's unregister: pointer type 0",
@@ -88,8 +94,7 @@ static void expect_same_as_without_the_shim(const char *const *settings)
         cr_assert(strstr(with.out, with_states[i]) != NULL, "missing \"%s\" in:\n%s",
                   with_states[i], with.out);
     /* Without the shim, nothing is registered while only locked. */
-    cr_assert(strstr(without.out, "state: after lock: pointer type 0") != NULL, "%s",
-              without.out);
+    cr_assert(strstr(without.out, "state: after lock: pointer type 0") != NULL, "%s", without.out);
     cr_assert(strstr(expected, "program unregisters what it never registered: returned 713, "
                                "last error 713") != NULL,
               "%s", expected);
@@ -101,16 +106,31 @@ static void expect_same_as_without_the_shim(const char *const *settings)
     child_result_free(&with);
 }
 
-/* The fake runtime alone (no driver double): the shim registers the way
- * PINSHIM_CONTEXT=create does, in the locking thread. */
+/* PINSHIM_CONTEXT=create: the shim loads the runtime and registers at the
+ * first lock (in the locking thread, or its own). */
 Test(ownership, create_mode_synchronous)
 {
     const char *settings[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=off", NULL};
-    expect_same_as_without_the_shim(settings);
+    expect_same_as_without_the_shim(settings, false);
 }
 
 Test(ownership, create_mode_with_the_registration_thread)
 {
     const char *settings[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=on", NULL};
-    expect_same_as_without_the_shim(settings);
+    expect_same_as_without_the_shim(settings, false);
+}
+
+/* The defaults (PINSHIM_CONTEXT=program, PINSHIM_ASYNC=on) with the fake
+ * runtime on the fake driver: the shim registers into the context the
+ * program's first CUDA call made. */
+Test(ownership, program_mode_by_default)
+{
+    const char *settings[] = {"PINSHIM_CONTEXT=", "PINSHIM_ASYNC=", NULL};
+    expect_same_as_without_the_shim(settings, true);
+}
+
+Test(ownership, program_mode_synchronous)
+{
+    const char *settings[] = {"PINSHIM_CONTEXT=program", "PINSHIM_ASYNC=off", NULL};
+    expect_same_as_without_the_shim(settings, true);
 }

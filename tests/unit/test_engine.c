@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -35,7 +36,7 @@ static struct {
     useconds_t register_delay;
     bool count_only; /* many-range tests: keep a count, not the ranges */
     long live_count;
-    unsigned wakes;  /* wake_worker calls */
+    unsigned wakes;       /* wake_worker calls */
     bool hold_unregister; /* unregister waits until released */
     bool unregister_waiting;
     /* kernel views for locked_parts / resident_parts: [start, end) pairs */
@@ -59,8 +60,7 @@ static enum engine_choice mock_choose_place(void *context, bool from_worker,
     return choice;
 }
 
-static int mock_register(void *context, struct range_place *place, void *base,
-                         size_t length)
+static int mock_register(void *context, struct range_place *place, void *base, size_t length)
 {
     (void)context;
     if (mock.register_delay)
@@ -274,9 +274,8 @@ static void lock(uintptr_t addr, size_t length)
 
 static void unlock(uintptr_t start, uintptr_t end, enum release_reason reason)
 {
-    cr_assert_eq(engine_unlock(&engine, start, end, reason, ENGINE_FAILED_CHANGED_NOTHING,
-                               &succeeds),
-                 0);
+    cr_assert_eq(
+        engine_unlock(&engine, start, end, reason, ENGINE_FAILED_CHANGED_NOTHING, &succeeds), 0);
 }
 
 static void free_block(uintptr_t start, uintptr_t end)
@@ -376,7 +375,7 @@ Test(engine, relocking_registers_nothing_new)
 Test(engine, overlapping_and_adjacent_locks_never_overlap)
 {
     lock(A(16 * PAGE), 16 * PAGE);
-    lock(A(0), 64 * PAGE);          /* covers it: two gaps */
+    lock(A(0), 64 * PAGE);         /* covers it: two gaps */
     lock(A(64 * PAGE), 16 * PAGE); /* adjacent after */
     uintptr_t expected[] = {A(0),         A(16 * PAGE), A(16 * PAGE), A(32 * PAGE),
                             A(32 * PAGE), A(64 * PAGE), A(64 * PAGE), A(80 * PAGE)};
@@ -501,10 +500,10 @@ Test(engine, failed_munmap_restores_everything)
     lock(A(0), 64 * PAGE);
     struct scripted fails = {.result = -1, .error = EINVAL};
     struct engine_call call = {run_scripted, &fails};
-    engine_unlock(&engine, A(8 * PAGE), A(24 * PAGE), RELEASE_MUNMAP,
-                  ENGINE_FAILED_CHANGED_NOTHING, &call);
-    uintptr_t expected[] = {A(0), A(8 * PAGE), A(8 * PAGE), A(24 * PAGE), A(24 * PAGE),
-                            A(64 * PAGE)};
+    engine_unlock(&engine, A(8 * PAGE), A(24 * PAGE), RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING,
+                  &call);
+    uintptr_t expected[] = {A(0),         A(8 * PAGE),  A(8 * PAGE),
+                            A(24 * PAGE), A(24 * PAGE), A(64 * PAGE)};
     expect_ranges(expected, 3);
 }
 
@@ -870,7 +869,7 @@ Test(engine, drain_waits_for_the_queue)
     lock(A(100 * PAGE), 64 * PAGE);
     pthread_t worker;
     pthread_create(&worker, NULL, worker_thread_main, NULL);
-    cr_assert_eq(engine_drain(&engine), 0);
+    cr_assert_eq(engine_drain(&engine, false), 0);
     struct pinshim_counters counters;
     engine_get_counters(&engine, &counters);
     cr_assert_eq(counters.register_ok, 2, "drain returned before the queue was registered");
@@ -899,13 +898,30 @@ Test(engine, without_a_context_ranges_wait_and_are_registered_later)
     cr_assert_eq(engine.pending_ranges, 0);
 }
 
-Test(engine, with_no_driver_at_all_the_worker_stops_looking)
+/* The watcher: a pending range starts the thread even with no CUDA driver
+ * loaded (a program may load one without any call the shim sees); it keeps
+ * looking, backing off, and ends with the last pending range. */
+static void *watcher_main(void *unused)
+{
+    (void)unused;
+    engine_worker_run(&engine, 1000000, false);
+    return NULL;
+}
+
+Test(engine, the_watcher_looks_until_the_last_pending_range_goes, .timeout = 30)
 {
     mock.choice = ENGINE_PLACE_DEFER_IDLE;
     lock(A(0), 64 * PAGE);
-    cr_assert_eq(mock.wakes, 0, "a thread for a process that has no CUDA driver");
-    engine_worker_run(&engine, 1000000, false); /* returns: nothing to wait for */
+    cr_assert_eq(mock.wakes, 1, "no watcher for a pending range");
+    pthread_t watcher;
+    pthread_create(&watcher, NULL, watcher_main, NULL);
+    while (__atomic_load_n(&engine.pending_passes, __ATOMIC_RELAXED) < 3)
+        sched_yield();
     cr_assert_eq(engine.pending_ranges, 1);
+    cr_assert_eq(mock.register_calls, 0);
+    unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
+    pthread_join(watcher, NULL); /* returns: nothing left to wait for */
+    cr_assert_eq(engine.dropped_pending, 1);
     cr_assert_eq(mock.register_calls, 0);
 }
 
@@ -1031,8 +1047,8 @@ Test(engine, program_unregistration_lets_the_shim_take_the_pages_back)
     mock.locked_count = 1;
     struct engine_call undo = {run_program_unregister, program};
     cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
-    uintptr_t expected[] = {A(0), A(10 * PAGE), A(10 * PAGE), A(20 * PAGE), A(20 * PAGE),
-                            A(64 * PAGE)};
+    uintptr_t expected[] = {A(0),         A(10 * PAGE), A(10 * PAGE),
+                            A(20 * PAGE), A(20 * PAGE), A(64 * PAGE)};
     expect_ranges(expected, 3);
     cr_assert_eq(engine.program_took_back, 1);
 }
@@ -1107,7 +1123,7 @@ static size_t check_blocks(char *memory, size_t size, unsigned *seed, size_t cou
     for (size_t i = 0; i < count; i++) {
         uintptr_t offset = 16 + (next_random(seed) % (unsigned)(size - (4 << 20))) / 16 * 16;
         size_t chunk = next_random(seed) % 8 == 0 ? 32 + (next_random(seed) % (2 << 20)) / 16 * 16
-                                                   : 32 + (next_random(seed) % 16384) / 16 * 16;
+                                                  : 32 + (next_random(seed) % 16384) / 16 * 16;
         size_t flags = next_random(seed) % 8;
         char *ptr = memory + offset;
         ((size_t *)ptr)[-1] = chunk | flags;

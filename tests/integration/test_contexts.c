@@ -1,0 +1,369 @@
+/* Issue 11: the shim registers into the program's own CUDA context, never
+ * creates one, waits for the program to initialise CUDA, and registers off
+ * the program's critical path. tests/programs/contexts.c runs each scenario
+ * under LD_PRELOAD with the fake runtime on the fake driver (four devices);
+ * the driver double counts contexts by creator (libpinshim.so must have made
+ * none) and each thread's context stack. Defaults are the user's
+ * (PINSHIM_CONTEXT and PINSHIM_ASYNC unset) unless a test says otherwise. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "child.h"
+
+static const char *required(const char *name)
+{
+    const char *value = getenv(name);
+    cr_assert(value != NULL && value[0] != '\0', "%s is not set (run through meson test)", name);
+    return value;
+}
+
+struct run {
+    struct child_result result;
+    char *directory;
+    char stats_path[1024];
+    char *stats; /* the JSON stats file, or NULL */
+};
+
+/* Runs contexts <scenario> [how] with the shim and settings ("K=V", "K=").
+ * Unsets what the test setup sets for older suites, so that the defaults are
+ * what a user gets. */
+static void run_scenario(struct run *run, const char *scenario, const char *how,
+                         const char *const *settings)
+{
+    memset(run, 0, sizeof *run);
+    run->directory = make_temp_dir();
+    cr_assert_not_null(run->directory);
+    snprintf(run->stats_path, sizeof run->stats_path, "%s/stats.json", run->directory);
+    static char preload[1200], cudart[1200], stats[1200];
+    snprintf(preload, sizeof preload, "LD_PRELOAD=%s", required("PINSHIM_LIB"));
+    snprintf(cudart, sizeof cudart, "PINSHIM_CUDART=%s", required("FAKE_CUDART"));
+    snprintf(stats, sizeof stats, "PINSHIM_STATS=%s", run->stats_path);
+    const char *env[32] = {preload,
+                           cudart,
+                           stats,
+                           "PINSHIM_LOG=",
+                           "PINSHIM_MIN_BYTES=",
+                           "PINSHIM_CONTEXT=",
+                           "PINSHIM_ASYNC=",
+                           "PINSHIM_ONFAULT=",
+                           "PINSHIM_MAX_REGISTRATION=",
+                           "FAKE_CUDA_DEVICES=4",
+                           "FAKE_CUDART_LOG=",
+                           "FAKE_CUDA_LOG=",
+                           "FAKE_CUDA_REGISTER_SECONDS_PER_GIB=",
+                           "FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB=",
+                           "FAKE_CUDA_MAX_REGISTER_BYTES="};
+    size_t count = 15;
+    for (size_t i = 0; settings != NULL && settings[i] != NULL && count < 31; i++)
+        env[count++] = settings[i];
+    env[count] = NULL;
+    const char *argv[] = {required("CONTEXTS"), scenario, how, NULL};
+    child_run(argv, env, NULL, &run->result);
+    cr_assert_eq(run->result.status, 0, "contexts %s %s exited %d\nstdout:\n%s\nstderr:\n%s",
+                 scenario, how ? how : "", run->result.status, run->result.out, run->result.err);
+    run->stats = read_file_text(run->stats_path);
+}
+
+static void run_free(struct run *run)
+{
+    child_result_free(&run->result);
+    free(run->stats);
+    remove_tree(run->directory);
+    free(run->directory);
+}
+
+/* The value printed as "key=value", as a string (asserts it was printed). */
+static const char *printed(const struct run *run, const char *key)
+{
+    static char value[256];
+    char needle[128];
+    snprintf(needle, sizeof needle, "%s=", key);
+    for (const char *line = run->result.out; line != NULL && *line;) {
+        if (strncmp(line, needle, strlen(needle)) == 0) {
+            size_t length = strcspn(line + strlen(needle), "\n");
+            if (length >= sizeof value)
+                length = sizeof value - 1;
+            memcpy(value, line + strlen(needle), length);
+            value[length] = '\0';
+            return value;
+        }
+        const char *newline = strchr(line, '\n');
+        line = newline ? newline + 1 : NULL;
+    }
+    cr_assert_fail("\"%s\" not printed:\n%s\nstderr:\n%s", key, run->result.out, run->result.err);
+    return NULL;
+}
+
+static long long printed_number(const struct run *run, const char *key)
+{
+    return strtoll(printed(run, key), NULL, 10);
+}
+
+/* The number after "\"key\": " in the JSON inside the object named section
+ * ("" for the top level). */
+static long long stats_number(const struct run *run, const char *section, const char *key)
+{
+    cr_assert_not_null(run->stats, "no stats file at %s\nstderr:\n%s", run->stats_path,
+                       run->result.err);
+    const char *from = run->stats;
+    if (section[0] != '\0') {
+        char name[128];
+        snprintf(name, sizeof name, "\"%s\": {", section);
+        from = strstr(run->stats, name);
+        cr_assert_not_null(from, "no \"%s\" in the stats:\n%s", section, run->stats);
+    }
+    char name[128];
+    snprintf(name, sizeof name, "\"%s\": ", key);
+    const char *at = strstr(from, name);
+    cr_assert_not_null(at, "no \"%s\" in \"%s\" of the stats:\n%s", key, section, run->stats);
+    return strtoll(at + strlen(name), NULL, 10);
+}
+
+static void expect_no_warning(const struct run *run)
+{
+    cr_assert(strstr(run->result.err, "pinshim:") == NULL, "the shim warned:\n%s", run->result.err);
+}
+
+/* Main chose device 3 of 4; a worker with no context locks. Registered in
+ * device 3's context, no context anywhere by the shim, the worker's context
+ * stack as it was; a worker that chose device 1 gets device 1; a worker in
+ * a context of its own gets that context. */
+static void expect_program_contexts(const char *const *settings)
+{
+    struct run run;
+    run_scenario(&run, "worker-after-set-device", NULL, settings);
+    cr_assert_eq(printed_number(&run, "plain_device"), 3);
+    cr_assert_eq(printed_number(&run, "plain_stack_unchanged"), 1);
+    cr_assert_eq(printed_number(&run, "chose_device"), 1);
+    cr_assert_eq(printed_number(&run, "chose_stack_unchanged"), 1);
+    cr_assert_eq(printed_number(&run, "own_in_its_context"), 1);
+    cr_assert_eq(printed_number(&run, "own_stack_unchanged"), 1);
+    cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
+    cr_assert_eq(printed_number(&run, "contexts_on_device_0"), 0);
+    cr_assert_eq(printed_number(&run, "violations"), 0);
+    cr_assert_eq(printed_number(&run, "live_after_release"), 0);
+    cr_assert_eq(printed_number(&run, "violations_after_release"), 0);
+    cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
+    expect_no_warning(&run);
+    run_free(&run);
+}
+
+Test(contexts, worker_thread_registers_in_the_programs_context_by_default)
+{
+    expect_program_contexts(NULL);
+}
+
+Test(contexts, worker_thread_registers_in_the_programs_context_synchronously)
+{
+    const char *settings[] = {"PINSHIM_ASYNC=off", NULL};
+    expect_program_contexts(settings);
+}
+
+/* Per device in the stats: devices 3 (main's choice, the plain worker), 1
+ * and 2 (the worker's own context). */
+Test(contexts, stats_count_registrations_per_device)
+{
+    struct run run;
+    run_scenario(&run, "worker-after-set-device", NULL, NULL);
+    cr_assert_not_null(run.stats);
+    cr_assert(strstr(run.stats, "\"device\": 3") != NULL, "%s", run.stats);
+    cr_assert(strstr(run.stats, "\"device\": 1") != NULL, "%s", run.stats);
+    cr_assert(strstr(run.stats, "\"device\": 2") != NULL, "%s", run.stats);
+    cr_assert(strstr(run.stats, "\"device\": 0") == NULL, "%s", run.stats);
+    cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
+    run_free(&run);
+}
+
+/* PINSHIM_CONTEXT=create is the old way: a thread without a device registers
+ * on device 0 (PINSHIM_DEVICE unset), creating its primary context. */
+Test(contexts, create_mode_creates_a_context_on_device_0)
+{
+    struct run run;
+    const char *settings[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=off", NULL};
+    run_scenario(&run, "worker-after-set-device", NULL, settings);
+    cr_assert_eq(printed_number(&run, "plain_device"), 0);
+    cr_assert_gt(printed_number(&run, "contexts_by_shim"), 0);
+    cr_assert_gt(printed_number(&run, "contexts_on_device_0"), 0);
+    cr_assert_gt(stats_number(&run, "context", "contexts_created"), 0);
+    run_free(&run);
+}
+
+static void expect_registered_once_initialised(const char *how)
+{
+    struct run run;
+    run_scenario(&run, "lock-then-init", how, NULL);
+    cr_assert_eq(printed_number(&run, "driver_loaded_before"), 0);
+    cr_assert_eq(printed_number(&run, "thread_before"), 1); /* the watcher */
+    cr_assert_eq(printed_number(&run, "pending_before"), 1);
+    cr_assert_eq(printed_number(&run, "device"), 2);
+    cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
+    cr_assert_eq(printed_number(&run, "pending_after"), 0);
+    cr_assert_eq(printed_number(&run, "violations"), 0);
+    cr_assert_eq(printed_number(&run, "live_after_release"), 0);
+    cr_assert_eq(stats_number(&run, "deferred", "ranges"), 1);
+    cr_assert_eq(stats_number(&run, "deferred", "registered_later"), 1);
+    cr_assert_eq(stats_number(&run, "deferred", "pending_ranges_at_exit"), 0);
+    cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
+    expect_no_warning(&run);
+    run_free(&run);
+}
+
+/* Locked before the program initialised CUDA on device 2: pending, no
+ * driver loaded and no thread for it; registered there once the context
+ * exists, found by pinshim_drain ... */
+Test(contexts, lock_before_init_is_registered_after_drain)
+{
+    expect_registered_once_initialised("drain");
+}
+
+/* ... or with no help from the program (the shim's next call, or its thread). */
+Test(contexts, lock_before_init_is_registered_on_its_own, .timeout = 60)
+{
+    expect_registered_once_initialised("watch");
+}
+
+/* A process that never uses CUDA: no driver, no runtime, nothing
+ * registered; only the watcher while a range waits; the stats say what
+ * waited. */
+Test(contexts, a_process_that_never_uses_cuda_gets_nothing_loaded)
+{
+    struct run run;
+    run_scenario(&run, "never-init", NULL, NULL);
+    cr_assert_eq(printed_number(&run, "pending"), 1);
+    cr_assert_eq(printed_number(&run, "driver_loaded"), 0);
+    cr_assert_eq(printed_number(&run, "runtime_mapped"), 0);
+    cr_assert_eq(printed_number(&run, "thread"), 1);
+    cr_assert_eq(stats_number(&run, "deferred", "ranges"), 2);
+    cr_assert_eq(stats_number(&run, "deferred", "dropped"), 1);
+    cr_assert_eq(stats_number(&run, "deferred", "registered_later"), 0);
+    cr_assert_eq(stats_number(&run, "deferred", "pending_ranges_at_exit"), 1);
+    cr_assert_eq(stats_number(&run, "deferred", "pending_bytes_at_exit"), 4 << 20);
+    cr_assert_eq(stats_number(&run, "register", "calls"), 0);
+    cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
+    expect_no_warning(&run);
+    run_free(&run);
+}
+
+/* The parent locks and forks; the child initialises CUDA and works. In
+ * create mode the shim initialised CUDA in the parent at the lock, and the
+ * child's first call fails (cudaErrorInitializationError): the reason
+ * program mode is the default. */
+Test(contexts, a_child_forked_after_a_lock_can_use_cuda)
+{
+    struct run run;
+    run_scenario(&run, "fork-child-inits", NULL, NULL);
+    cr_assert_eq(printed_number(&run, "child_init"), 0);
+    cr_assert_eq(printed_number(&run, "child_register"), 0);
+    cr_assert_eq(printed_number(&run, "child_unregister"), 0);
+    cr_assert_eq(printed_number(&run, "parent_init"), 0);
+    cr_assert_eq(printed_number(&run, "parent_device"), 0);
+    cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
+    run_free(&run);
+
+    const char *create[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=off", NULL};
+    run_scenario(&run, "fork-child-inits", NULL, create);
+    cr_assert_eq(printed_number(&run, "child_init"), 3, "create mode should break the child");
+    run_free(&run);
+}
+
+/* Unlock, free and unmap of pending ranges drop them; nothing is ever
+ * registered for them once CUDA is up. */
+Test(contexts, releasing_pending_ranges_drops_them)
+{
+    struct run run;
+    run_scenario(&run, "release-pending", NULL, NULL);
+    cr_assert_eq(printed_number(&run, "pending_after_releases"), 0);
+    cr_assert_eq(printed_number(&run, "watcher_after_releases"), 0);
+    cr_assert_eq(printed_number(&run, "shim_register_calls"), 0);
+    cr_assert_eq(printed_number(&run, "live"), 0);
+    cr_assert_eq(stats_number(&run, "deferred", "ranges"), 3);
+    cr_assert_eq(stats_number(&run, "deferred", "dropped"), 3);
+    expect_no_warning(&run);
+    run_free(&run);
+}
+
+/* A queued range released while the thread is inside another registration
+ * is cancelled at once (no CUDA call, the other still in flight); the range
+ * in flight, released, is waited for and then unregistered while still
+ * locked (the driver double checks smaps at unregister). */
+static void expect_queued_cancelled_in_flight_waited(const char *how)
+{
+    struct run run;
+    const char *settings[] = {"FAKE_CUDA_REGISTER_SECONDS_PER_GIB=10000",
+                              "FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB=0", NULL};
+    run_scenario(&run, "release-queued-in-flight", how, settings);
+    cr_assert_eq(printed_number(&run, "first_in_flight"), 1);
+    cr_assert_eq(printed_number(&run, "queued"), 1);
+    cr_assert_eq(printed_number(&run, "first_still_in_flight"), 1);
+    cr_assert_eq(printed_number(&run, "queued_after"), 0);
+    cr_assert_eq(printed_number(&run, "release_waited_for_the_registration"), 1);
+    cr_assert_eq(printed_number(&run, "registrations_completed"), 1);
+    cr_assert_eq(printed_number(&run, "shim_register_calls"), 1);
+    cr_assert_eq(printed_number(&run, "shim_unregister_calls"), 1);
+    cr_assert_eq(printed_number(&run, "live"), 0);
+    cr_assert_eq(printed_number(&run, "violations"), 0);
+    cr_assert_eq(stats_number(&run, "thread", "cancelled"), 1);
+    expect_no_warning(&run);
+    run_free(&run);
+}
+
+Test(contexts, munlock_cancels_queued_and_waits_for_in_flight, .timeout = 90)
+{
+    expect_queued_cancelled_in_flight_waited("munlock");
+}
+
+Test(contexts, free_cancels_queued_and_waits_for_in_flight, .timeout = 90)
+{
+    expect_queued_cancelled_in_flight_waited("free");
+}
+
+/* fork with a pending range: the child starts clean (locks are not
+ * inherited), initialises CUDA and registers its own lock; the parent's
+ * range is registered once the parent initialises. */
+Test(contexts, fork_with_pending_ranges)
+{
+    struct run run;
+    run_scenario(&run, "fork-with-pending", NULL, NULL);
+    cr_assert_eq(printed_number(&run, "child_pending"), 0);
+    cr_assert_eq(printed_number(&run, "child_init"), 0);
+    cr_assert_eq(printed_number(&run, "child_parent_block_device"), -1);
+    cr_assert_eq(printed_number(&run, "child_own_device"), 0);
+    cr_assert_eq(printed_number(&run, "child_contexts_by_shim"), 0);
+    cr_assert_eq(printed_number(&run, "parent_pending"), 1);
+    cr_assert_eq(printed_number(&run, "parent_device"), 0);
+    run_free(&run);
+}
+
+/* A 200 GiB reservation locked on fault (PINSHIM_ONFAULT=all) against a
+ * driver that refuses registrations over 100 GiB: registered in chunks of at
+ * most 64 GiB (four), covering the end, all released with the unmap. */
+Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
+{
+    struct run run;
+    const char *settings[] = {"PINSHIM_ONFAULT=all", "FAKE_CUDA_MAX_REGISTER_BYTES=100G", NULL};
+    run_scenario(&run, "chunks", NULL, settings);
+    if (strstr(run.result.out, "skipped=") != NULL) {
+        cr_log_warn("%s", run.result.out);
+        run_free(&run);
+        cr_skip_test("mlock2 of 200 GiB refused here");
+    }
+    cr_assert_eq(printed_number(&run, "registrations"), 4);
+    cr_assert_eq(printed_number(&run, "largest_gib"), 64);
+    cr_assert_eq(printed_number(&run, "registered_end"), 1);
+    cr_assert_eq(printed_number(&run, "violations"), 0);
+    cr_assert_eq(printed_number(&run, "live_after_unmap"), 0);
+    expect_no_warning(&run);
+    run_free(&run);
+
+    /* Without chunks (one registration may be 256 GiB), the driver refuses it:
+     * counted as a failure, the program unharmed. */
+    const char *whole[] = {"PINSHIM_ONFAULT=all", "FAKE_CUDA_MAX_REGISTER_BYTES=100G",
+                           "PINSHIM_MAX_REGISTRATION=256G", NULL};
+    run_scenario(&run, "chunks", NULL, whole);
+    cr_assert_eq(printed_number(&run, "registrations"), 0);
+    cr_assert_eq(stats_number(&run, "register", "failed"), 1);
+    cr_assert(strstr(run.result.err, "CUDA_ERROR_OUT_OF_MEMORY") != NULL, "%s", run.result.err);
+    run_free(&run);
+}
