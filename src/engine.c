@@ -90,6 +90,14 @@ static const char *error_name(struct engine *engine, int error)
     return name != NULL ? name : "unknown CUDA error";
 }
 
+static const char *call_name(struct engine *engine, bool unregister)
+{
+    const char *name = NULL;
+    if (engine->backend->call_name != NULL)
+        name = engine->backend->call_name(engine->backend->context, unregister);
+    return name != NULL ? name : unregister ? "unregister" : "register";
+}
+
 /* Counts error and tells whether this is its first occurrence for the operation. */
 static bool note_error(struct engine *engine, int error, uint32_t *warned)
 {
@@ -538,10 +546,10 @@ static void register_record_locked(struct engine *engine, uintptr_t base, bool o
         } else {
             counters->register_failed++;
             if (first)
-                log_warn("registering %#lx + %lu bytes failed: %s (%d); the range stays "
+                log_warn("%s(%#lx, %lu) failed: %s (%d); the range stays "
                          "mlocked only; further %s failures are counted, not logged",
-                         (unsigned long)base, (unsigned long)length, error_name(engine, error),
-                         error, error_name(engine, error));
+                         call_name(engine, false), (unsigned long)base, (unsigned long)length,
+                         error_name(engine, error), error, error_name(engine, error));
         }
     }
     pthread_cond_broadcast(&engine->changed);
@@ -713,9 +721,9 @@ static int unregister_record_locked(struct engine *engine, uintptr_t base,
     } else {
         counters->unregister_failed++;
         if (note_error(engine, error, engine->warned_unregister))
-            log_warn("unregistering %#lx failed: %s (%d); further %s failures are "
+            log_warn("%s(%#lx) failed: %s (%d); further %s failures are "
                      "counted, not logged",
-                     (unsigned long)base, error_name(engine, error), error,
+                     call_name(engine, true), (unsigned long)base, error_name(engine, error), error,
                      error_name(engine, error));
     }
     return error;

@@ -60,6 +60,9 @@ struct engine_backend {
     int (*unregister_range)(void *context, const struct range_place *place, void *base);
     /* Name of an error code, for messages; may return NULL. */
     const char *(*error_name)(void *context, int error);
+    /* Optional: the CUDA call register_range (or unregister_range) makes, for
+     * messages ("cudaHostRegister", "cuMemHostRegister"). */
+    const char *(*call_name)(void *context, bool unregister);
     /* Optional: calls found for each part of [start, end) the kernel holds
      * locked now (after MREMAP_DONTUNMAP, whose effect on locks depends on
      * how the kernel merges mappings). */

@@ -228,6 +228,14 @@ static const char *backend_error_name(void *context, int error)
     return cuda_error_name(cuda.loaded ? &cuda : NULL, error);
 }
 
+static const char *backend_call_name(void *context, bool unregister)
+{
+    (void)context;
+    if (runtime_config.context_mode == CONTEXT_PROGRAM)
+        return unregister ? "cuMemHostUnregister" : "cuMemHostRegister";
+    return unregister ? "cudaHostUnregister" : "cudaHostRegister";
+}
+
 static bool backend_locked_parts(void *context, uintptr_t start, uintptr_t end,
                                  void (*found)(void *found_context, uintptr_t part_start,
                                                uintptr_t part_end),
@@ -320,6 +328,7 @@ static const struct engine_backend cuda_backend = {
     .register_range = backend_register,
     .unregister_range = backend_unregister,
     .error_name = backend_error_name,
+    .call_name = backend_call_name,
     .locked_parts = backend_locked_parts,
     .resident_parts = backend_resident_parts,
     .is_mapped = backend_is_mapped,

@@ -364,6 +364,8 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
     run_scenario(&run, "chunks", NULL, whole);
     cr_assert_eq(printed_number(&run, "registrations"), 0);
     cr_assert_eq(stats_number(&run, "register", "failed"), 1);
-    cr_assert(strstr(run.result.err, "CUDA_ERROR_OUT_OF_MEMORY") != NULL, "%s", run.result.err);
+    cr_assert(strstr(run.result.err, "cuMemHostRegister(") != NULL &&
+                  strstr(run.result.err, "CUDA_ERROR_OUT_OF_MEMORY") != NULL,
+              "%s", run.result.err);
     run_free(&run);
 }
