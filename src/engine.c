@@ -20,7 +20,7 @@ struct engine_piece {
     uintptr_t start, end, lock_start, lock_end;
     struct range_place place;
     uint8_t state; /* RANGE_REGISTERED, QUEUED, PENDING or PROGRAM before the release */
-    uint8_t had_shim_registration;
+    uint8_t program_locked;
     struct engine_piece *next;
 };
 
@@ -559,6 +559,26 @@ static void register_record_locked(struct engine *engine, uintptr_t base, bool o
  * chunks of at most max_registration_bytes: registered at once, queued for
  * the registration thread, or pending until the process has a context, as
  * choice and the options say. The op's claim covers [start, end). */
+/* [start, end) is locked now: the parts of the program's own registrations
+ * there are marked, to be taken back when the program unregisters them (the
+ * registry, kept equal to what is locked, answers; no /proc read). */
+static void mark_program_locked_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    uintptr_t cursor = start;
+    while (cursor < end) {
+        struct range_record *record = range_registry_first_overlap(&engine->registry, cursor, end);
+        if (record == NULL)
+            return;
+        cursor = record->end;
+        if (record->state != RANGE_PROGRAM || record->program_locked)
+            continue;
+        struct range_record *part = isolate_locked(
+            engine, record->base, max_address(record->base, start), min_address(record->end, end));
+        if (part != NULL)
+            part->program_locked = 1;
+    }
+}
+
 static void add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
                              uintptr_t lock_start, uintptr_t lock_end, enum engine_choice choice,
                              const struct range_place *place)
@@ -567,6 +587,8 @@ static void add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t en
     struct range_registry *registry = &engine->registry;
     if (choice == ENGINE_PLACE_DISABLED || engine->shut_down)
         return;
+    if (engine->program_registrations != 0)
+        mark_program_locked_locked(engine, start, end);
     uint64_t chunk = engine->options.max_registration_bytes;
     if (chunk < engine->options.page_size)
         chunk = engine->options.page_size;
@@ -636,7 +658,7 @@ static void ticket_add_locked(struct engine *engine, struct engine_ticket *ticke
     piece->lock_end = record->lock_end;
     piece->place = record->place;
     piece->state = state;
-    piece->had_shim_registration = record->had_shim_registration;
+    piece->program_locked = record->program_locked;
     piece->next = ticket->head;
     ticket->head = piece;
 }
@@ -824,8 +846,18 @@ static void release_locked(struct engine_op *op, const struct release_request *r
         cursor = record_end;
         if (record->state == RANGE_PROGRAM &&
             (request->reason == RELEASE_MUNLOCK || request->reason == RELEASE_EXIT ||
-             request->reason == RELEASE_PROGRAM))
-            continue; /* the program's registration does not depend on the lock */
+             request->reason == RELEASE_PROGRAM)) {
+            /* The program's registration does not depend on the lock; the
+             * unlocked pages are no longer to be taken back when the program
+             * unregisters (should munlock fail, they stay unmarked: no
+             * take-back, never a registration of unlocked memory). */
+            if (request->reason == RELEASE_MUNLOCK && record->program_locked) {
+                struct range_record *part = isolate_locked(engine, base, start, end);
+                if (part != NULL)
+                    part->program_locked = 0;
+            }
+            continue;
+        }
         if (request->block && !ranges_overlap(record->lock_start, record->lock_end,
                                               request->block_start, request->block_end)) {
             /* Registered for other memory: only the pages the block covers
@@ -865,7 +897,7 @@ static void restore_locked(struct engine_op *op, struct engine_ticket *ticket, u
                                           .lock_end = piece->lock_end,
                                           .place = piece->place,
                                           .state = RANGE_PROGRAM,
-                                          .had_shim_registration = piece->had_shim_registration};
+                                          .program_locked = piece->program_locked};
             insert_record_locked(engine, &record);
             continue;
         }
@@ -901,7 +933,9 @@ bool engine_init(struct engine *engine, const struct engine_backend *backend,
     return engine->registry_ok;
 }
 
-void engine_destroy(struct engine *engine)
+/* Frees what the engine holds; its mutex and condition variable are left
+ * to the caller (a fork child must not destroy them: see below). */
+static void engine_release_memory(struct engine *engine)
 {
     if (engine->registry_ok)
         range_registry_destroy(&engine->registry);
@@ -912,10 +946,15 @@ void engine_destroy(struct engine *engine)
         __atomic_store_n(engine->gate, 0, __ATOMIC_RELAXED);
     node_pool_destroy(&engine->piece_pool);
     node_pool_destroy(&engine->waiting_pool);
-    pthread_cond_destroy(&engine->changed);
-    pthread_mutex_destroy(&engine->mutex);
     engine->registry_ok = false;
     engine->record_count = 0;
+}
+
+void engine_destroy(struct engine *engine)
+{
+    engine_release_memory(engine);
+    pthread_cond_destroy(&engine->changed);
+    pthread_mutex_destroy(&engine->mutex);
 }
 
 void engine_reset_after_fork(struct engine *engine)
@@ -926,7 +965,11 @@ void engine_reset_after_fork(struct engine *engine)
     struct engine_options options = engine->options;
     bool window_allowed = engine->window_allowed;
     uintptr_t *gate = engine->gate;
-    engine_destroy(engine);
+    /* Not engine_destroy: in the child the mutex is held (the fork handler
+     * took it) and the condition variable may count the parent's waiting
+     * registration thread, which does not exist here, so destroying it would
+     * wait for that thread forever. engine_init makes both anew. */
+    engine_release_memory(engine);
     engine_init(engine, backend, &options);
     engine->window_allowed = window_allowed;
     if (gate != &engine->free_view.gate) {
@@ -1364,11 +1407,9 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
     struct release_request request = {pages_start, pages_end, RELEASE_PROGRAM, &ticket, false,
                                       0,           0};
     release_locked(&op, &request);
-    bool had_shim = ticket.head != NULL;
     int call_errno;
     long result = op_run(&op, call, &call_errno);
     if (result == ENGINE_CUDA_SUCCESS) {
-        ticket_discard_locked(engine, &ticket);
         engine->program_registrations++;
         struct range_registry *registry = &engine->registry;
         uintptr_t cursor = pages_start;
@@ -1385,12 +1426,17 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
                                           .lock_start = start,
                                           .lock_end = start + length,
                                           .place = {.device = -1},
-                                          .state = RANGE_PROGRAM,
-                                          .had_shim_registration = had_shim};
+                                          .state = RANGE_PROGRAM};
             if (insert_record_locked(engine, &record) == NULL)
                 break; /* out of memory: a later lock there gets 712, counted */
             cursor = gap_end;
         }
+        /* What the shim held there was locked, and still is. */
+        for (struct engine_piece *piece = ticket.head; piece != NULL; piece = piece->next)
+            if (piece->state != RANGE_PROGRAM || piece->program_locked)
+                mark_program_locked_locked(engine, max_address(piece->start, pages_start),
+                                           min_address(piece->end, pages_end));
+        ticket_discard_locked(engine, &ticket);
     } else {
         restore_locked(&op, &ticket, 0, UINTPTR_MAX, false);
     }
@@ -1410,24 +1456,6 @@ bool engine_is_shim_registration(struct engine *engine, uintptr_t addr)
     return shim;
 }
 
-struct take_back_context {
-    struct engine_op *op;
-    uintptr_t lock_start, lock_end;
-    enum engine_choice choice;
-    struct range_place place;
-};
-
-static void take_back_part(void *context, uintptr_t start, uintptr_t end)
-{
-    struct take_back_context *take = context;
-    struct engine *engine = take->op->engine;
-    pthread_mutex_lock(&engine->mutex);
-    if (op_claims(take->op, start, end))
-        add_range_locked(take->op, start, end, take->lock_start, take->lock_end, take->choice,
-                         &take->place);
-    pthread_mutex_unlock(&engine->mutex);
-}
-
 long engine_program_unregister(struct engine *engine, uintptr_t start,
                                const struct engine_call *call)
 {
@@ -1437,42 +1465,67 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
         return run_plain(call);
     struct engine_op op;
     op_begin(&op, engine);
-    uintptr_t page_end = page + engine->options.page_size;
-    claim_locked(&op, &page, &page_end, 1, true, false);
+    uintptr_t claim_start = page, claim_end = page + engine->options.page_size;
+    claim_locked(&op, &claim_start, &claim_end, 1, true, false);
     struct range_record *record = range_registry_containing(&engine->registry, start);
     struct range_record program = {0};
-    if (record != NULL && record->state == RANGE_PROGRAM)
+    uintptr_t whole_start = 0, whole_end = 0;
+    if (record != NULL && record->state == RANGE_PROGRAM) {
         program = *record;
+        /* One registration may be several records (the parts the program
+         * holds locked are apart): claim all of them. */
+        whole_start = page_floor(engine, program.lock_start);
+        whole_end = page_ceil(engine, program.lock_end);
+        if (!op_claims(&op, whole_start, whole_end)) {
+            engine->claims[op.slot].count = 0;
+            pthread_cond_broadcast(&engine->changed);
+            op.slot = -1;
+            claim_locked(&op, &whole_start, &whole_end, 1, true, false);
+            record = range_registry_containing(&engine->registry, start);
+            if (record == NULL || record->state != RANGE_PROGRAM ||
+                record->lock_start != program.lock_start || record->lock_end != program.lock_end)
+                program.base = 0;
+        }
+    }
     int call_errno;
     long result = op_run(&op, call, &call_errno);
     if (result == ENGINE_CUDA_SUCCESS && program.base != 0) {
         engine->program_unregistrations++;
-        /* The program's registration may span several records (gaps between
-         * pages it already owned); they all came from one call. */
-        uintptr_t cursor = program.base;
-        for (;;) {
-            struct range_record *next = range_registry_find(&engine->registry, cursor);
-            if (next == NULL || next->state != RANGE_PROGRAM ||
-                next->lock_start != program.lock_start)
+        /* The records of this registration go; the parts the program still
+         * holds locked are the shim's again (queued when registration is
+         * asynchronous, so that an unlock right after costs no CUDA call). */
+        bool place_chosen = false, took_back = false;
+        enum engine_choice choice = ENGINE_PLACE_DISABLED;
+        struct range_place place = {.device = -1};
+        uintptr_t cursor = whole_start;
+        while (cursor < whole_end) {
+            struct range_record *next =
+                range_registry_first_overlap(&engine->registry, cursor, whole_end);
+            if (next == NULL)
                 break;
-            cursor = next->end;
-            remove_record_locked(engine, next->base);
+            uintptr_t base = next->base, end = next->end;
+            cursor = end;
+            if (next->state != RANGE_PROGRAM || next->lock_start != program.lock_start ||
+                next->lock_end != program.lock_end)
+                continue;
+            bool locked = next->program_locked;
+            remove_record_locked(engine, base);
+            if (!locked)
+                continue;
+            if (!place_chosen) {
+                /* The calling thread's context: the program's, as it has
+                 * just unregistered through it. */
+                pthread_mutex_unlock(&engine->mutex);
+                choice =
+                    engine->backend->choose_place(engine->backend->context, false, NULL, &place);
+                pthread_mutex_lock(&engine->mutex);
+                place_chosen = true;
+            }
+            add_range_locked(&op, base, end, base, end, choice, &place);
+            took_back = true;
         }
-        if (program.had_shim_registration && engine->backend->locked_parts != NULL &&
-            op_claims(&op, program.base, cursor)) {
-            /* The shim had these pages before the program took them: take
-             * back what is still locked. */
-            pthread_mutex_unlock(&engine->mutex);
-            struct take_back_context take = {
-                &op, program.base, cursor, ENGINE_PLACE_DEFER, {.device = -1}};
-            take.choice =
-                engine->backend->choose_place(engine->backend->context, false, NULL, &take.place);
-            if (take.choice != ENGINE_PLACE_DISABLED)
-                engine->backend->locked_parts(engine->backend->context, program.base, cursor,
-                                              take_back_part, &take);
-            pthread_mutex_lock(&engine->mutex);
+        if (took_back)
             engine->program_took_back++;
-        }
     }
     op_end(&op);
     errno = call_errno;

@@ -41,7 +41,10 @@ struct range_record {
     uintptr_t lock_start, lock_end;
     struct range_place place;
     uint8_t state;
-    uint8_t had_shim_registration; /* RANGE_PROGRAM: the shim had registered these pages */
+    /* RANGE_PROGRAM: the program holds these pages locked (a lock the shim
+     * would have registered), so the shim takes them back when the program
+     * unregisters. */
+    uint8_t program_locked;
 };
 
 struct range_registry {

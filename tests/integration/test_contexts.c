@@ -250,10 +250,11 @@ Test(contexts, a_process_that_never_uses_cuda_gets_nothing_loaded)
  * create mode the shim initialised CUDA in the parent at the lock, and the
  * child's first call fails (cudaErrorInitializationError): the reason
  * program mode is the default. */
-Test(contexts, a_child_forked_after_a_lock_can_use_cuda)
+Test(contexts, a_child_forked_after_a_lock_can_use_cuda, .timeout = 60)
 {
     struct run run;
     run_scenario(&run, "fork-child-inits", NULL, NULL);
+    cr_assert_eq(printed_number(&run, "watcher_sleeps_at_fork"), 1);
     cr_assert_eq(printed_number(&run, "child_init"), 0);
     cr_assert_eq(printed_number(&run, "child_register"), 0);
     cr_assert_eq(printed_number(&run, "child_unregister"), 0);
@@ -319,13 +320,16 @@ Test(contexts, free_cancels_queued_and_waits_for_in_flight, .timeout = 90)
     expect_queued_cancelled_in_flight_waited("free");
 }
 
-/* fork with a pending range: the child starts clean (locks are not
- * inherited), initialises CUDA and registers its own lock; the parent's
+/* fork with a pending range, while the watcher waits on the shim's
+ * condition variable (the child once waited forever for that waiter, which
+ * does not exist in the child, when it reset the engine): the child starts
+ * clean (locks are not inherited), initialises CUDA and registers its own lock; the parent's
  * range is registered once the parent initialises. */
-Test(contexts, fork_with_pending_ranges)
+Test(contexts, fork_with_pending_ranges, .timeout = 60)
 {
     struct run run;
     run_scenario(&run, "fork-with-pending", NULL, NULL);
+    cr_assert_eq(printed_number(&run, "watcher_sleeps_at_fork"), 1);
     cr_assert_eq(printed_number(&run, "child_pending"), 0);
     cr_assert_eq(printed_number(&run, "child_init"), 0);
     cr_assert_eq(printed_number(&run, "child_parent_block_device"), -1);

@@ -375,9 +375,13 @@ static int never_init(void)
     return 0;
 }
 
+static bool wait_watcher_sleeps(void);
+
 static int fork_child_inits(void)
 {
     char *block = locked_block(4 * MIB);
+    if (registration_thread_runs())
+        printf("watcher_sleeps_at_fork=%d\n", wait_watcher_sleeps());
     fflush(stdout);
     pid_t child = fork();
     if (child < 0)
@@ -469,6 +473,39 @@ static bool thread_sleeps(pid_t tid)
     return sleeps;
 }
 
+/* Waits (up to 30 s) until the shim's thread sleeps: the watcher, waiting
+ * on the shim's condition variable between its looks. A fork now has the
+ * child inherit a condition variable with a waiter that does not exist
+ * there (the child must not wait for it). */
+static bool wait_watcher_sleeps(void)
+{
+    for (int i = 0; i < 3000; i++) {
+        DIR *tasks = opendir("/proc/self/task");
+        if (tasks == NULL)
+            die("cannot list /proc/self/task");
+        bool sleeps = false;
+        for (struct dirent *entry; (entry = readdir(tasks)) != NULL && !sleeps;) {
+            if (entry->d_name[0] == '.')
+                continue;
+            char path[300], name[64] = {0};
+            snprintf(path, sizeof path, "/proc/self/task/%s/comm", entry->d_name);
+            FILE *comm = fopen(path, "r");
+            if (comm == NULL)
+                continue;
+            bool watcher =
+                fgets(name, sizeof name, comm) != NULL && strncmp(name, "pinshim-reg", 11) == 0;
+            fclose(comm);
+            if (watcher)
+                sleeps = thread_sleeps((pid_t)atoi(entry->d_name));
+        }
+        closedir(tasks);
+        if (sleeps)
+            return true;
+        sleep_ms(10);
+    }
+    return false;
+}
+
 static int release_queued_in_flight(const char *how)
 {
     /* FAKE_CUDA_REGISTER_SECONDS_PER_GIB is large: the first registration
@@ -523,6 +560,8 @@ static int release_queued_in_flight(const char *how)
 static int fork_with_pending(void)
 {
     char *block = locked_block(4 * MIB);
+    if (registration_thread_runs())
+        printf("watcher_sleeps_at_fork=%d\n", wait_watcher_sleeps());
     fflush(stdout);
     pid_t child = fork();
     if (child < 0)

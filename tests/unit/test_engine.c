@@ -42,6 +42,7 @@ static struct {
     /* kernel views for locked_parts / resident_parts: [start, end) pairs */
     uintptr_t locked[8][2], resident[8][2];
     size_t locked_count, resident_count;
+    uint64_t locked_parts_calls;
     uintptr_t unmapped_from; /* is_mapped: false for ranges reaching it (0: all mapped) */
 } mock = {.mutex = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
 
@@ -155,6 +156,7 @@ static bool mock_locked_parts(void *context, uintptr_t start, uintptr_t end,
                               void (*found)(void *, uintptr_t, uintptr_t), void *found_context)
 {
     (void)context;
+    __atomic_fetch_add(&mock.locked_parts_calls, 1, __ATOMIC_RELAXED);
     return report_parts(mock.locked, mock.locked_count, start, end, found, found_context);
 }
 
@@ -1051,6 +1053,63 @@ Test(engine, program_unregistration_lets_the_shim_take_the_pages_back)
                             A(20 * PAGE), A(20 * PAGE), A(64 * PAGE)};
     expect_ranges(expected, 3);
     cr_assert_eq(engine.program_took_back, 1);
+}
+
+/* The take-back follows the registry (kept equal to what is locked), not
+ * the kernel's view: no locked_parts call, whose /proc/self/smaps read costs
+ * in proportion to the process's memory, inside the program's call. */
+Test(engine, take_back_follows_the_registry_without_asking_the_kernel)
+{
+    lock(A(0), 64 * PAGE);
+    uintptr_t program[2] = {A(10 * PAGE), A(20 * PAGE)};
+    struct engine_call call = {run_program_register, program};
+    engine_program_register(&engine, program[0], program[1] - program[0], &call);
+    mock.locked_count = 0; /* the kernel view would say: nothing locked */
+    uint64_t asked = mock.locked_parts_calls;
+    struct engine_call undo = {run_program_unregister, program};
+    cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
+    cr_assert_eq(mock.locked_parts_calls, asked, "the take-back asked the kernel");
+    uintptr_t expected[] = {A(0),         A(10 * PAGE), A(10 * PAGE),
+                            A(20 * PAGE), A(20 * PAGE), A(64 * PAGE)};
+    expect_ranges(expected, 3);
+}
+
+/* Pages the program unlocked while it owned them are not taken back; pages
+ * it locked while it owned them are. */
+Test(engine, take_back_of_what_was_unlocked_and_locked_under_the_program)
+{
+    uintptr_t program[2] = {A(0), A(64 * PAGE)};
+    struct engine_call call = {run_program_register, program};
+    cr_assert_eq(engine_program_register(&engine, program[0], 64 * PAGE, &call), 0);
+    lock(A(0), 32 * PAGE); /* the program's: nothing registered by the shim */
+    expect_ranges(NULL, 0);
+    unlock(A(0), A(16 * PAGE), RELEASE_MUNLOCK);
+    struct engine_call undo = {run_program_unregister, program};
+    cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
+    uintptr_t expected[] = {A(16 * PAGE), A(32 * PAGE)};
+    expect_ranges(expected, 1);
+    cr_assert_eq(engine.program_took_back, 1);
+    unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
+    expect_ranges(NULL, 0);
+}
+
+/* With asynchronous registration the take-back is queued: an unlock right
+ * after it (DeepSpeed's unpin: unregister, then munlock) makes no CUDA call. */
+Test(engine, asynchronous_take_back_is_cancelled_by_the_unlock_after_it)
+{
+    restart_engine(options(true, 0));
+    uintptr_t program[2] = {A(0), A(64 * PAGE)};
+    lock(A(0), 64 * PAGE);
+    struct engine_call call = {run_program_register, program};
+    cr_assert_eq(engine_program_register(&engine, program[0], 64 * PAGE, &call), 0);
+    struct engine_call undo = {run_program_unregister, program};
+    cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
+    cr_assert_eq(engine.queued_ranges, 1, "the take-back was not queued");
+    unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
+    engine_worker_run(&engine, 1000000, false);
+    cr_assert_eq(mock.register_calls, 0);
+    cr_assert_eq(mock.unregister_calls, 0);
+    expect_ranges(NULL, 0);
 }
 
 Test(engine, program_registration_drops_queued_and_pending_ranges)
