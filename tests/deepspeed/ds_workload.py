@@ -227,7 +227,7 @@ def aio_path(args, torch, out, report, marks, runtime):
                 held_at_use["held" if held else "not_yet"] += 1
         path_a = os.path.join(args.workdir, f"swap-{k}-a.bin")
         path_b = os.path.join(args.workdir, f"swap-{k}-b.bin")
-        files[path_a] = files[path_b] = True
+        files[path_a] = True
         seed_a, seed_b = cycle * 7919 + k, cycle * 104729 + k
         first = buffers[0]
         fill(torch, first, base, seed_a)
@@ -235,6 +235,7 @@ def aio_path(args, torch, out, report, marks, runtime):
         runtime.peek("sync_pwrite")
         counts["sync_pwrite"] += 1
         if use == 2:
+            files[path_b] = True
             fill(torch, buffers[1], base, seed_b)
             start = time.perf_counter()
             swap_out_tensors(handle, [buffers[1]], [path_b])
