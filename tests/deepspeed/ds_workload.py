@@ -431,6 +431,7 @@ def main():
     parser.add_argument("--report", required=True)
     parser.add_argument("--workdir", default=".")
     parser.add_argument("--cycles", type=int, default=50)
+    parser.add_argument("--local_rank", type=int, default=0, help="passed by DeepSpeed's launcher")
     args = parser.parse_args()
 
     started = time.perf_counter()
