@@ -243,9 +243,11 @@ def describe(run):
                      f"thread: cancelled {thread.get('cancelled', 0)}, queued at exit {thread.get('queued_at_exit', 0)}; "
                      f"live at exit {live['ranges']} ({live['bytes']} B), peak {live['peak_bytes'] / MiB:.0f} MiB; "
                      f"warnings {stats.get('warnings')}, errors {stats.get('errors') or 'none'}")
-    held = report.get("shim_held_at_first_use") or report.get("shim_held_right_after_pin")
-    if held:
-        lines.append(f"    the shim held the buffer when DeepSpeed first used it: {held}")
+    if report.get("shim_held_at_first_use"):
+        lines.append(f"    the shim held the buffer when DeepSpeed first used it: {report['shim_held_at_first_use']}")
+    if report.get("shim_held_right_after_pin"):
+        lines.append(f"    the shim held the buffer right after DeepSpeed's pin returned (DeepSpeed owns it then): "
+                     f"{report['shim_held_right_after_pin']}")
     if report.get("shim_held_at_cycle_end"):
         values = report["shim_held_at_cycle_end"]
         lines.append(f"    buffers the shim held at the end of each cycle: min {min(values)}, max {max(values)} "
