@@ -228,8 +228,9 @@ def describe(run):
              f"(workload {seconds(report.get('seconds', 0))}, start-up {seconds(report.get('startup_seconds', 0))})"]
     total = sum(i["size"] for i in instances)
     lines.append(f"    buffers {len(instances)} ({total / MiB:.0f} MiB locked in all); the runtime's log: "
-                 f"{sim['register_ok']} cudaHostRegister ok, {sum(sim['register_failed'].values())} failed "
-                 f"{sim['register_failed'] or ''}, {sim['unregister_ok']} cudaHostUnregister ok, "
+                 f"{sim['register_ok']} cudaHostRegister ok, {sum(sim['register_failed'].values())} failed"
+                 f"{' ' + str(sim['register_failed']) if sim['register_failed'] else ''}, "
+                 f"{sim['unregister_ok']} cudaHostUnregister ok, "
                  f"{sum(sim['unregister_failed'].values())} failed, {len(sim['violations'])} violations")
     if stats:
         reg, unreg, prog, thread, live = (stats["register"], stats["unregister"], stats["program"],
