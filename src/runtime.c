@@ -131,6 +131,17 @@ static enum engine_choice backend_choose_place(void *context, bool from_worker,
         place->device = runtime_config.device;
         if (hint != NULL && hint->device >= 0)
             place->device = hint->device;
+        if (place->device < 0 && !from_worker && cuda.get_device != NULL) {
+            /* PINSHIM_DEVICE=thread: the locking thread's device, also when
+             * the registration thread makes the call. */
+            int device = -1;
+            runtime_guard_enter();
+            if (cuda.get_device(&device) == 0)
+                place->device = device;
+            else
+                cuda_runtime_clear_last_error(&cuda);
+            runtime_guard_leave();
+        }
         return ENGINE_PLACE_READY;
     }
     runtime_guard_enter();

@@ -190,6 +190,19 @@ Test(contexts, create_mode_creates_a_context_on_device_0)
     run_free(&run);
 }
 
+/* With the registration thread in create mode, the device is still the
+ * locking thread's (PINSHIM_DEVICE=thread), not the registration thread's. */
+Test(contexts, create_mode_with_the_thread_uses_the_locking_threads_device)
+{
+    struct run run;
+    const char *settings[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=on", NULL};
+    run_scenario(&run, "worker-after-set-device", NULL, settings);
+    cr_assert_eq(printed_number(&run, "chose_device"), 1);
+    cr_assert_eq(printed_number(&run, "plain_device"), 0);
+    cr_assert_eq(printed_number(&run, "violations"), 0);
+    run_free(&run);
+}
+
 static void expect_registered_once_initialised(const char *how)
 {
     struct run run;
