@@ -243,8 +243,7 @@ static int child(const char *which, int threads, size_t pairs)
 }
 
 /* Instructions inside free_malloc_loop (all threads), or -1. */
-static double count(const char *which, int threads, size_t pairs, bool with_shim,
-                    unsigned *locked)
+static double count(const char *which, int threads, size_t pairs, bool with_shim, unsigned *locked)
 {
     char out[] = "/tmp/pinshim-free-instructions-XXXXXX";
     int fd = mkstemp(out);

@@ -57,7 +57,7 @@ struct pinshim_counters {
     uint64_t program_registrations; /* the program's own cudaHostRegister calls that succeeded */
     uint64_t pending_ranges;        /* locked ranges waiting for the program's CUDA context now */
     uint64_t pending_bytes;
-    uint64_t queued_ranges;         /* locked ranges waiting for the registration thread now */
+    uint64_t queued_ranges; /* locked ranges waiting for the registration thread now */
 };
 
 /* The shim's version string ("0.2.0"). */

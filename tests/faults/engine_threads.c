@@ -40,8 +40,7 @@ static struct {
 } backend = {.mutex = PTHREAD_MUTEX_INITIALIZER};
 
 static enum engine_choice backend_choose(void *context, bool from_worker,
-                                         const struct range_place *hint,
-                                         struct range_place *place)
+                                         const struct range_place *hint, struct range_place *place)
 {
     (void)context;
     (void)from_worker;
@@ -51,8 +50,7 @@ static enum engine_choice backend_choose(void *context, bool from_worker,
 }
 
 /* Every 7th register and every 11th unregister fail, as an unreliable runtime. */
-static int backend_register(void *context, struct range_place *place, void *base,
-                            size_t length)
+static int backend_register(void *context, struct range_place *place, void *base, size_t length)
 {
     (void)context;
     (void)place;
@@ -180,8 +178,7 @@ static long program_unregister(void *arguments)
     pthread_mutex_lock(&backend.mutex);
     long result = ENGINE_CUDA_NOT_REGISTERED;
     for (size_t i = 0; i < backend.count; i++)
-        if (backend.ranges[i].base == range[0] &&
-            backend.ranges[i].length == range[1] - range[0]) {
+        if (backend.ranges[i].base == range[0] && backend.ranges[i].length == range[1] - range[0]) {
             backend.ranges[i] = backend.ranges[--backend.count];
             backend.program_ranges--;
             result = 0;
@@ -215,8 +212,7 @@ static void *work(void *argument)
             engine_lock(&engine, start + 100, (size_t)(end - start) - 200, 0, &ok);
             break;
         case 2:
-            engine_unlock(&engine, start, end, RELEASE_MUNLOCK, ENGINE_FAILED_CHANGED_NOTHING,
-                          &ok);
+            engine_unlock(&engine, start, end, RELEASE_MUNLOCK, ENGINE_FAILED_CHANGED_NOTHING, &ok);
             break;
         case 3:
             /* An unmap that fails: what was released is put back. */
@@ -254,8 +250,8 @@ static int run(bool asynchronous)
     memset((void *)backend.ranges, 0, sizeof(backend.ranges));
     backend.count = 0;
     backend.register_calls = backend.unregister_calls = backend.register_ok =
-        backend.unregister_ok = backend.overlaps = backend.unknown_bases =
-            backend.program_ranges = backend.over_program = 0;
+        backend.unregister_ok = backend.overlaps = backend.unknown_bases = backend.program_ranges =
+            backend.over_program = 0;
     struct engine_options options = {.min_bytes = 64 * 1024,
                                      .max_registration_bytes = 32 * PAGE,
                                      .asynchronous = asynchronous,

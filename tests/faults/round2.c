@@ -66,8 +66,8 @@ static bool find_fake(void)
         handle = dlopen("libfake_cudart.so", RTLD_NOW | RTLD_NOLOAD);
     if (handle == NULL)
         return false;
-    fake_snapshot = (size_t(*)(struct fake_cudart_range *, size_t))dlsym(handle,
-                                                                          "fake_cudart_snapshot");
+    fake_snapshot =
+        (size_t(*)(struct fake_cudart_range *, size_t))dlsym(handle, "fake_cudart_snapshot");
     pointer_attributes = (int (*)(void *, const void *))dlsym(handle, "cudaPointerGetAttributes");
     return fake_snapshot != NULL && pointer_attributes != NULL;
 }
@@ -79,7 +79,8 @@ static size_t registered_bytes(uintptr_t start, uintptr_t end)
     size_t count = fake_snapshot(ranges, 4096), covered = 0;
     for (size_t i = 0; i < count; i++) {
         uintptr_t from = ranges[i].base > start ? ranges[i].base : start;
-        uintptr_t to = ranges[i].base + ranges[i].size < end ? ranges[i].base + ranges[i].size : end;
+        uintptr_t to =
+            ranges[i].base + ranges[i].size < end ? ranges[i].base + ranges[i].size : end;
         if (from < to)
             covered += to - from;
     }
@@ -111,8 +112,8 @@ static int release_halves(long rounds, bool unmap)
     halves_unmap = unmap;
     long stale = 0;
     for (long round = 0; round < rounds; round++) {
-        halves_region = mmap(NULL, halves_length, PROT_READ | PROT_WRITE,
-                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        halves_region =
+            mmap(NULL, halves_length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (halves_region == MAP_FAILED || mlock(halves_region, halves_length) != 0) {
             perror("mmap/mlock");
             return 2;
@@ -121,8 +122,8 @@ static int release_halves(long rounds, bool unmap)
             printf("the fake runtime is not loaded\n");
             return 2;
         }
-        if (registered_bytes((uintptr_t)halves_region,
-                             (uintptr_t)halves_region + halves_length) != halves_length) {
+        if (registered_bytes((uintptr_t)halves_region, (uintptr_t)halves_region + halves_length) !=
+            halves_length) {
             printf("the lock was not registered\n");
             return 2;
         }
@@ -133,8 +134,8 @@ static int release_halves(long rounds, bool unmap)
         for (int i = 0; i < 2; i++)
             pthread_join(threads[i], NULL);
         pthread_barrier_destroy(&halves_barrier);
-        if (registered_bytes((uintptr_t)halves_region,
-                             (uintptr_t)halves_region + halves_length) != 0)
+        if (registered_bytes((uintptr_t)halves_region, (uintptr_t)halves_region + halves_length) !=
+            0)
             stale++;
         munmap(halves_region, halves_length);
     }
@@ -202,8 +203,8 @@ static long resident_kib(void)
 static int onfault_reservation(void)
 {
     size_t size = (size_t)8 << 30;
-    char *reservation =
-        mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char *reservation = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (reservation == MAP_FAILED) {
         perror("mmap 8 GiB");
         return 2;
@@ -273,8 +274,8 @@ static void *watchdog(void *argument)
 
 static int cancelled_waiter(void)
 {
-    waiter_buffer = mmap(NULL, 2 * waiter_length, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    waiter_buffer =
+        mmap(NULL, 2 * waiter_length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (waiter_buffer == MAP_FAILED)
         return 2;
     pthread_t locker, unlocker;

@@ -30,9 +30,14 @@ static void run_round2(struct child_result *result, const char *const *args,
     bool own_runtime = false;
     for (size_t i = 0; settings != NULL && settings[i] != NULL; i++)
         own_runtime |= strncmp(settings[i], "PINSHIM_CUDART=", 15) == 0;
-    const char *env[24] = {preload, "PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=off",
-                           "PINSHIM_MIN_BYTES=", "PINSHIM_LOG=", "PINSHIM_STATS=",
-                           "FAKE_CUDART_LOG=", own_runtime ? "PINSHIM_CUDART=" : cudart};
+    const char *env[24] = {preload,
+                           "PINSHIM_CONTEXT=create",
+                           "PINSHIM_ASYNC=off",
+                           "PINSHIM_MIN_BYTES=",
+                           "PINSHIM_LOG=",
+                           "PINSHIM_STATS=",
+                           "FAKE_CUDART_LOG=",
+                           own_runtime ? "PINSHIM_CUDART=" : cudart};
     size_t count = 8;
     for (size_t i = 0; settings != NULL && settings[i] != NULL && count < 23; i++)
         env[count++] = settings[i];

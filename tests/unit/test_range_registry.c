@@ -21,8 +21,12 @@ TestSuite(range_registry, .init = setup, .fini = teardown);
 
 static bool insert_range(uintptr_t base, uintptr_t end, enum range_state state)
 {
-    struct range_record record = {.base = base, .end = end, .lock_start = base, .lock_end = end,
-                                  .place = {.device = -1}, .state = (uint8_t)state};
+    struct range_record record = {.base = base,
+                                  .end = end,
+                                  .lock_start = base,
+                                  .lock_end = end,
+                                  .place = {.device = -1},
+                                  .state = (uint8_t)state};
     return range_registry_insert(&registry, &record) != NULL;
 }
 
@@ -74,8 +78,7 @@ Test(range_registry, removal_keeps_probe_chains)
     enum { COUNT = 5000 };
     uintptr_t base = 0x100000000;
     for (uintptr_t i = 0; i < COUNT; i++)
-        cr_assert(insert_range(base + i * 2 * PAGE, base + i * 2 * PAGE + PAGE,
-                                        RANGE_REGISTERED));
+        cr_assert(insert_range(base + i * 2 * PAGE, base + i * 2 * PAGE + PAGE, RANGE_REGISTERED));
     for (uintptr_t i = 0; i < COUNT; i += 3)
         range_registry_remove(&registry, base + i * 2 * PAGE);
     for (uintptr_t i = 0; i < COUNT; i++) {
@@ -92,8 +95,7 @@ Test(range_registry, a_million_ranges, .timeout = 120)
     enum { COUNT = 1000000 };
     uintptr_t base = 0x200000000;
     for (uintptr_t i = 0; i < COUNT; i++)
-        cr_assert(insert_range(base + i * 2 * PAGE, base + i * 2 * PAGE + PAGE,
-                                        RANGE_REGISTERED));
+        cr_assert(insert_range(base + i * 2 * PAGE, base + i * 2 * PAGE + PAGE, RANGE_REGISTERED));
     cr_assert_eq(registry.count, COUNT);
     for (uintptr_t i = 0; i < COUNT; i += 997) {
         uintptr_t b = base + i * 2 * PAGE;

@@ -116,10 +116,10 @@ Test(stats, json_is_valid_and_has_the_documented_keys)
                              "live.peak_bytes"};
     for (size_t i = 0; i < sizeof(numbers) / sizeof(*numbers); i++)
         number_at(doc, numbers[i]);
-    const char *new_numbers[] = {"context.contexts_created", "deferred.ranges",
-                                 "deferred.registered_later", "deferred.pending_bytes_at_exit",
-                                 "thread.queued_at_exit", "thread.background_seconds",
-                                 "program.registrations", "unregister.program",
+    const char *new_numbers[] = {"context.contexts_created",      "deferred.ranges",
+                                 "deferred.registered_later",     "deferred.pending_bytes_at_exit",
+                                 "thread.queued_at_exit",         "thread.background_seconds",
+                                 "program.registrations",         "unregister.program",
                                  "register.skipped_onfault_pages"};
     for (size_t i = 0; i < sizeof(new_numbers) / sizeof(*new_numbers); i++)
         number_at(doc, new_numbers[i]);
@@ -178,9 +178,10 @@ Test(stats, text_summary_says_the_same)
     const char *headline = "pinshim: pid 4242 on node\"01\\: registered 5 (5.0 MiB in 1.500 s), "
                            "unregistered 4, failed 0+0, live at exit 1 (1.0 MiB)\n";
     cr_assert(strncmp(text, headline, strlen(headline)) == 0, "%s", text);
-    cr_assert(strstr(text, "context: the program's, through /usr/lib/x86_64-linux-gnu/libcuda.so.1") !=
-                  NULL,
-              "%s", text);
+    cr_assert(
+        strstr(text, "context: the program's, through /usr/lib/x86_64-linux-gnu/libcuda.so.1") !=
+            NULL,
+        "%s", text);
     cr_assert(strstr(text, "deferred 2 range(s) until the program had a context: 1 registered "
                            "later, 0 released first, 1 (2.0 MiB) still waiting at exit") != NULL,
               "%s", text);
