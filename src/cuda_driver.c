@@ -166,8 +166,8 @@ enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool fro
     int count = 0;
     if (driver->device_get_count(&count) != CUDA_DRIVER_SUCCESS || count <= 0)
         return ENGINE_PLACE_DEFER;
-    int candidates[2] = {hint != NULL ? hint->device : -1,
-                         __atomic_load_n(preferred_device, __ATOMIC_RELAXED)};
+    const int candidates[2] = {hint != NULL ? hint->device : -1,
+                               __atomic_load_n(preferred_device, __ATOMIC_RELAXED)};
     for (int i = 0; i < 2; i++) {
         int device = candidates[i];
         if (device >= 0 && device < count && primary_active(driver, device)) {

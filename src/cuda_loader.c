@@ -184,9 +184,9 @@ bool cuda_runtime_load(struct cuda_runtime *runtime, const char *requested)
     /* A runtime the program already loaded (even RTLD_LOCAL, as PyTorch does)
      * comes first, so the program and the shim share one set of
      * registrations; then each soname that loads, until one has a device. */
-    bool tried[8] = {false};
+    bool tried[sizeof(cuda_runtime_sonames) / sizeof(*cuda_runtime_sonames)] = {false};
     for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; cuda_runtime_sonames[i] != NULL && i < 8; i++) {
+        for (int i = 0; cuda_runtime_sonames[i] != NULL; i++) {
             if (tried[i])
                 continue;
             int mode = pass == 0 ? RTLD_NOW | RTLD_NOLOAD : RTLD_NOW | RTLD_LOCAL;

@@ -1620,7 +1620,7 @@ void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool qu
     int cancel_state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     pthread_mutex_lock(&engine->mutex);
-    uint64_t backoff = 10 * 1000 * 1000; /* 10 ms, doubling up to poll_nanoseconds */
+    uint64_t backoff = 10ull * 1000 * 1000; /* 10 ms, doubling up to poll_nanoseconds */
     if (backoff > poll_nanoseconds)
         backoff = poll_nanoseconds;
     while (!engine->shut_down) {
@@ -1638,7 +1638,8 @@ void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool qu
         engine->pending_passes++;
         pthread_cond_broadcast(&engine->changed);
         if (choice == ENGINE_PLACE_READY || choice == ENGINE_PLACE_DISABLED) {
-            backoff = 10 * 1000 * 1000 < poll_nanoseconds ? 10 * 1000 * 1000 : poll_nanoseconds;
+            backoff =
+                10ull * 1000 * 1000 < poll_nanoseconds ? 10ull * 1000 * 1000 : poll_nanoseconds;
             continue;
         }
         struct timespec deadline;
@@ -1727,7 +1728,7 @@ bool engine_note_immediate_exit(struct engine *engine)
     for (int attempt = 0; attempt < 100 && !locked; attempt++) {
         locked = pthread_mutex_trylock(&engine->mutex) == 0;
         if (!locked) {
-            struct timespec pause = {0, 1000 * 1000};
+            struct timespec pause = {0, 1000L * 1000};
             nanosleep(&pause, NULL);
         }
     }

@@ -407,7 +407,6 @@ struct lock_call {
     const void *addr;
     size_t length;
     unsigned flags;
-    int mlockall_flags;
 };
 
 static long run_mlock(void *arguments)
@@ -460,7 +459,7 @@ PINSHIM_EXPORT int mlock(const void *addr, size_t len)
     ensure_resolved();
     if (runtime_guarded())
         return real.mlock(addr, len);
-    struct lock_call arguments = {addr, len, 0, 0};
+    struct lock_call arguments = {addr, len, 0};
     return lock_through_engine(addr, len, 0, run_mlock, &arguments);
 }
 
@@ -471,7 +470,7 @@ PINSHIM_EXPORT int mlock(const void *addr, size_t len)
 PINSHIM_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
 {
     ensure_resolved();
-    struct lock_call arguments = {addr, len, flags, 0};
+    struct lock_call arguments = {addr, len, flags};
     if (runtime_guarded())
         return (int)run_mlock2(&arguments);
     /* MLOCK_ONFAULT locks lazily: PINSHIM_ONFAULT says what is registered. */
@@ -489,7 +488,7 @@ PINSHIM_EXPORT int munlock(const void *addr, size_t len)
     engine_count(&runtime_engine.unlock_calls);
     runtime_notice_cuda();
     errno = saved_errno;
-    struct lock_call arguments = {addr, len, 0, 0};
+    struct lock_call arguments = {addr, len, 0};
     struct engine_call call = {run_munlock, &arguments};
     /* ENOMEM: Linux unlocked up to the first hole; the rest is still locked. */
     runtime_guard_enter();
@@ -676,14 +675,13 @@ static char never_registered;
  * caller's own dependencies (a library loaded RTLD_LOCAL with its runtime, as
  * PyTorch's are), else a runtime loaded under a known soname. Caches the last
  * answer per caller object. */
-static void *next_runtime_symbol(const char *name, void *own, const void *caller)
+static void *next_runtime_symbol(const char *name, const void *own, const void *caller)
 {
     static pthread_mutex_t cache_mutex = PTHREAD_MUTEX_INITIALIZER;
     static struct {
         const char *name;
         void *base, *symbol;
     } cache[8];
-    static unsigned cache_next;
     Dl_info info = {0};
     bool have_caller = dladdr(caller, &info) != 0 && info.dli_fname != NULL;
     pthread_mutex_lock(&cache_mutex);
@@ -714,6 +712,7 @@ static void *next_runtime_symbol(const char *name, void *own, const void *caller
     if (symbol == own)
         symbol = NULL;
     if (symbol != NULL) {
+        static unsigned cache_next;
         pthread_mutex_lock(&cache_mutex);
         unsigned slot = cache_next++ % 8;
         cache[slot].name = name;

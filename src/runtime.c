@@ -356,7 +356,7 @@ void runtime_notice_cuda_slow(void)
     clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
     uint64_t nanoseconds = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
     uint64_t last = __atomic_load_n(&last_notice_nanoseconds, __ATOMIC_RELAXED);
-    if (nanoseconds - last < 10 * 1000 * 1000 ||
+    if (nanoseconds - last < 10ull * 1000 * 1000 ||
         !__atomic_compare_exchange_n(&last_notice_nanoseconds, &last, nanoseconds, false,
                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
