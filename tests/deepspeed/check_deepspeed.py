@@ -7,9 +7,10 @@
 
 Six runs: each path (aio, native) without the shim, under the shim with its
 registration thread (PINSHIM_ASYNC=on) and registering inside mlock (off).
-The shim runs go through the pinshim command (--context create, since the test
-double is a runtime without a driver; --cudart names the double, which the
-program also loaded). Every run logs the double's calls (FAKE_CUDART_LOG) with
+The shim runs go through the pinshim command with its default context mode
+(PINSHIM_CONTEXT=program: the workload initialises CUDA first, as a GPU process
+does, and the shim registers into that context through the double's driver;
+--cudart names the double, which the program also loaded). Every run logs the double's calls (FAKE_CUDART_LOG) with
 the workload's marks in between; the checks read that log, the shim's stats
 and the workload's result and report. It prints what happened in numbers,
 one PASS/FAIL line per check, and last 'deepspeed: N passed, N failed'.
@@ -64,7 +65,7 @@ def run_one(args, path, shim):
                "--report", os.path.join(directory, "report.json"), "--workdir", directory,
                "--cycles", str(cycles)]
     if shim is not None:
-        command = [args.shim_command, f"--stats={directory}/stats.%p.json", "--context", "create",
+        command = [args.shim_command, f"--stats={directory}/stats.%p.json",
                    "--async", shim, "--cudart", args.fake, "--"] + command
     started = time.perf_counter()
     with open(os.path.join(directory, "output.txt"), "w") as output:

@@ -436,6 +436,11 @@ def main():
 
     started = time.perf_counter()
     fake = cuda_like_accelerator.load_fake_cudart(os.environ["PINSHIM_DS_FAKE_CUDART"])
+    # A GPU process initialises CUDA early (torch.cuda.init, its first tensor
+    # on the GPU): here the double's cudaFree(NULL) makes device 0's primary
+    # context, into which the shim's default mode registers.
+    fake.cudaFree.argtypes = [ctypes.c_void_p]
+    cuda_initialised = fake.cudaFree(None)
     import torch
     import deepspeed
     from deepspeed.utils import logger as ds_logger
@@ -451,6 +456,7 @@ def main():
     report["versions"] = {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
                           "python": sys.version.split()[0]}
     report["startup_seconds"] = round(time.perf_counter() - started, 3)
+    report["cuda_initialised"] = cuda_initialised
     marks("start")
     if args.path == "aio":
         aio_path(args, torch, out, report, marks, runtime)
