@@ -2,17 +2,21 @@
 """The man pages: groff formats them without a warning, and they cannot fall
 behind the code: every variable of the option table (pinshim
 --help-options-markdown, the README's table) is in pinshim.7 with the same
-values, default and meaning, and every option of pinshim --help is in
-pinshim.1.
+values, default and meaning, every option of pinshim --help is in
+pinshim.1, and every key of the JSON statistics that libpinshim.so writes is
+described in the STATISTICS section of pinshim.7.
 
-Environment (set by meson): PINSHIM_CLI, PINSHIM_MAN_DIR, PINSHIM_VERSION.
+Environment (set by meson): PINSHIM_CLI, PINSHIM_MAN_DIR, PINSHIM_VERSION,
+PINSHIM_LIB.
 """
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 MAN_DIR = os.environ.get("PINSHIM_MAN_DIR", "")
@@ -42,27 +46,75 @@ def unescape(text):
 
 def page_text(path):
     """The words of a roff page, markup removed, whitespace collapsed."""
-    words = []
     with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            line = line.rstrip("\n")
-            if line.startswith(('.\\"', "'\\\"")):
-                continue
-            if line.startswith("."):
-                macro, _, rest = line[1:].partition(" ")
-                arguments = roff_arguments(rest)
-                if macro in JOINING_MACROS:
-                    words.append("".join(arguments))
-                elif macro == "IP":  # the tag; the indent is not text
-                    words.append(arguments[0] if arguments else "")
-                elif macro in SPACING_MACROS:
-                    words.append(" ".join(arguments))
-                # Other requests (.PP, .br, .nf, ...) carry no text.
-                continue
-            words.append(line)
+        return roff_text(handle.read().splitlines())
+
+
+def roff_text(lines):
+    """The words of roff source lines, markup removed, whitespace collapsed."""
+    words = []
+    for line in lines:
+        line = line.rstrip("\n")
+        if line.startswith(('.\\"', "'\\\"")):
+            continue
+        if line.startswith("."):
+            macro, _, rest = line[1:].partition(" ")
+            arguments = roff_arguments(rest)
+            if macro in JOINING_MACROS:
+                words.append("".join(arguments))
+            elif macro == "IP":  # the tag; the indent is not text
+                words.append(arguments[0] if arguments else "")
+            elif macro in SPACING_MACROS:
+                words.append(" ".join(arguments))
+            # Other requests (.PP, .br, .nf, ...) carry no text.
+            continue
+        words.append(line)
     # A \c at the end of a line joins it to the next one.
     text = "\n".join(words).replace("\\c\n", "")
     return " ".join(unescape(text).split())
+
+
+def statistics_entries(path):
+    """The tagged paragraphs (.TP) of pinshim.7's STATISTICS section: a list of
+    (keys named in the tag, text of the body)."""
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    start = lines.index(".SH STATISTICS")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith(".SH "))
+    entries, current = [], None
+    for line in lines[start + 1:end]:
+        if line == ".TP" or (line.startswith(".") and line[1:3] in ("PP", "SS")):
+            if current is not None:
+                entries.append(current)
+            current = [] if line == ".TP" else None
+        elif current is not None:
+            current.append(line)
+    if current is not None:
+        entries.append(current)
+    tagged = []
+    for entry in entries:
+        if not entry:
+            continue
+        tag = roff_text(entry[:1])
+        tagged.append(([key.strip() for key in tag.split(",")], roff_text(entry[1:])))
+    return tagged
+
+
+def stats_document():
+    """The JSON document libpinshim.so writes at exit (PINSHIM_STATS_ALL=1 makes
+    a process that locks nothing write it), or None without the library."""
+    library = os.environ.get("PINSHIM_LIB", "")
+    program = shutil.which("true")
+    if not library or not os.path.exists(library) or program is None:
+        return None
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "stats.json")
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith("PINSHIM_") and name != "LD_PRELOAD"}
+        env.update(LD_PRELOAD=library, PINSHIM_STATS=path, PINSHIM_STATS_ALL="1")
+        subprocess.run([program], env=env, check=True, timeout=60)
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
 
 
 def run_cli(*arguments):
@@ -154,6 +206,36 @@ class Coverage(unittest.TestCase):
     def test_report_page_points_to_pinshim_1(self):
         with open(os.path.join(MAN_DIR, "pinshim-report.1"), encoding="utf-8") as handle:
             self.assertEqual(handle.read(), ".so man1/pinshim.1\n")
+
+
+class StatisticsKeys(unittest.TestCase):
+    """Every key of the stats JSON has a tagged entry in pinshim.7's STATISTICS,
+    and the keys inside each object are named in its entry (config's are the
+    option table's variables, checked above)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.document = stats_document()
+        cls.entries = statistics_entries(os.path.join(MAN_DIR, "pinshim.7"))
+
+    def entry(self, key):
+        for tags, body in self.entries:
+            if key in tags:
+                return body
+        return None
+
+    def test_every_key_is_described(self):
+        if self.document is None:
+            self.skipTest("libpinshim.so (PINSHIM_LIB) or true(1) missing: no stats document")
+        for key, value in self.document.items():
+            with self.subTest(key=key):
+                body = self.entry(key)
+                self.assertIsNotNone(body, f"pinshim.7's STATISTICS has no entry for {key!r}")
+                if not isinstance(value, dict) or key in ("config", "errors"):
+                    continue
+                for inner in value:
+                    self.assertRegex(body, rf"(?<![\w.]){re.escape(inner)}(?![\w])",
+                                     f"pinshim.7's entry for {key!r} does not name {inner!r}")
 
 
 if __name__ == "__main__":
