@@ -28,9 +28,7 @@
 #endif
 
 static const char usage_line[] =
-    "usage: pinshim [--no-register] [--min-bytes SIZE] [--flags LIST] [--cudart LIB]\n"
-    "               [--stats[=FILE]] [--stats-all] [--log LEVEL] [--block-size SOURCE]\n"
-    "               [--print-env] [--] COMMAND [ARGS...]\n"
+    "usage: pinshim [OPTION...] [--print-env] [--] COMMAND [ARGS...]\n"
     "       pinshim report [--all] [--json] FILES...\n"
     "       pinshim --help | --version\n";
 
@@ -38,8 +36,9 @@ static void print_help(void)
 {
     fputs(usage_line, stdout);
     fputs("\nRuns COMMAND with libpinshim.so preloaded, so the memory it locks with mlock,\n"
-          "mlock2 or MAP_LOCKED is registered with CUDA (cudaHostRegister) and DMA-pinned.\n"
-          "Each option sets the environment variable named below; the rest of the\n"
+          "mlock2 or MAP_LOCKED is registered with CUDA and DMA-pinned: by default in the\n"
+          "CUDA context the program uses (cuMemHostRegister), once it has one.\n"
+          "Each OPTION sets the environment variable named below; the rest of the\n"
           "environment is kept, and LD_PRELOAD gets libpinshim.so in front.\n\nOptions:\n",
           stdout);
     fflush(stdout);

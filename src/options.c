@@ -343,7 +343,8 @@ const struct option_spec option_table[OPT_COUNT] = {
      .cli_argument = "LIST",
      .accepted = "comma list of default, portable, mapped, readonly",
      .default_text = "default",
-     .help = "cudaHostRegister flags (default is 0: mapped and portable on 64-bit systems).",
+     .help = "Registration flags (cuMemHostRegister's or cudaHostRegister's; default: mapped "
+             "and portable, what cudaHostRegisterDefault means on 64-bit systems).",
      .parse = parse_flags},
     {.id = OPT_CUDART,
      .names_file = true,
@@ -352,8 +353,9 @@ const struct option_spec option_table[OPT_COUNT] = {
      .cli_argument = "LIB",
      .accepted = "path or soname of a CUDA runtime",
      .default_text = "search",
-     .help = "Runtime to load; the default uses a libcudart already loaded, else "
-             "libcudart.so.13, .12, .11, libcudart.so.",
+     .help = "With PINSHIM_CONTEXT=create, the runtime to load; the default uses a libcudart "
+             "already loaded, else libcudart.so.13, .12, .11, libcudart.so (program mode uses "
+             "the driver the program loaded).",
      .parse = parse_cudart},
     {.id = OPT_STATS,
      .names_file = true,
@@ -401,8 +403,9 @@ const struct option_spec option_table[OPT_COUNT] = {
      .default_text = "program",
      .help = "Where registrations go: program registers into the CUDA context the program "
              "already uses and waits (deferred) while it has none, never creating one; create "
-             "calls the CUDA runtime at once from the locking thread, creating a context if "
-             "need be.",
+             "loads the CUDA runtime and registers without waiting for the program (from the "
+             "locking thread, or the shim's thread with PINSHIM_ASYNC=on), creating a context "
+             "if need be.",
      .parse = parse_context},
     {.id = OPT_DEVICE,
      .env_name = "PINSHIM_DEVICE",
@@ -428,7 +431,7 @@ const struct option_spec option_table[OPT_COUNT] = {
      .cli_argument = "SIZE",
      .accepted = "bytes, or with a K/M/G suffix (powers of 1024), at least 4K",
      .default_text = "64G",
-     .help = "Largest single cudaHostRegister; larger locked ranges are registered in chunks "
+     .help = "Largest single registration; larger locked ranges are registered in chunks "
              "of this size (drivers of the R580 series refuse 512 GiB and more in one call).",
      .parse = parse_max_registration},
     {.id = OPT_ONFAULT,

@@ -329,7 +329,7 @@ bool stats_write_text(int fd, const struct stats_report *report)
                    (unsigned long long)report->program_took_back);
     out_format(&out,
                "pinshim:   register: %llu already registered by the program, %llu below "
-               "min_bytes, %llu with registration off, %llu MLOCK_ONFAULT pages not resident; "
+               "min_bytes, %llu with registration off, %llu MLOCK_ONFAULT pages not registered; "
                "peak %s\n",
                (unsigned long long)c->register_already_registered,
                (unsigned long long)c->register_skipped_small,
