@@ -745,6 +745,11 @@ int main(int argc, char **argv)
 
     double began = bench_now_seconds();
     run_arm(ARM_NONE, shim, runtime);
+    if (arms[ARM_NONE].exit_code == EXIT_NO_GPU) {
+        /* The arms under the shim would find the same runtime and no GPU. */
+        printf("lock_latency: no usable GPU, nothing measured (%s)\n", arms[ARM_NONE].message);
+        return EXIT_NO_GPU;
+    }
     run_arm(ARM_SYNC, shim, runtime);
     run_arm(ARM_ASYNC, shim, runtime);
     print_tables();
