@@ -685,6 +685,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "fork_copy: cannot write %s: %s\n", options.json_path, strerror(errno));
             return 1;
         }
+        char command[2048] = "";
+        for (int i = 0; i < argc; i++)
+            snprintf(command + strlen(command), sizeof(command) - strlen(command), "%s%s",
+                     i ? " " : "", argv[i]);
+        fprintf(out, ", \"command\": ");
+        bench_json_string(out, command);
         fprintf(out, ", \"kernel\": ");
         bench_json_string(out, system.release);
         fprintf(out, ", \"io_uring_disabled\": ");
