@@ -246,11 +246,11 @@ fi
 
 # ---- what the program waits for inside mlock: sync vs async registration ----
 latency_sizes=1,4
-latency_reps=3
-[ $quick -eq 1 ] && latency_sizes=1 && latency_reps=2
+latency_rounds=2 # each round: one process per arm, the order alternating
+[ $quick -eq 1 ] && latency_sizes=1 && latency_rounds=1
 if [ -n "$lock_latency" ] && [ -n "$shim" ]; then
   (unset PINSHIM_CUDART; step 180 "$latency_txt" "$lock_latency" --real --shim "$shim" \
-    --sizes "$latency_sizes" --reps "$latency_reps" --json "$latency_json")
+    --sizes "$latency_sizes" --reps 2 --rounds "$latency_rounds" --json "$latency_json")
   rc=$?
   case $rc in
     0) result "lock_latency: done" ;;

@@ -6,7 +6,7 @@
  * (pinshim_drain() returns). A third arm runs without the shim: the kernel's
  * own mlock time, for reference.
  *
- * Each arm is one child process (this program re-executed, under
+ * Each arm runs as one child process per round (this program re-executed, under
  * LD_PRELOAD=libpinshim.so for sync and async) that does what a framework
  * does: dlopen the CUDA runtime, cudaFree(NULL) so the program has a context
  * (PINSHIM_CONTEXT=program registers into it), then per size and repetition
@@ -241,6 +241,7 @@ static struct {
     enum method method[MAX_SIZES];
     char why[MAX_SIZES][160];
     int reps;
+    int rounds;                /* each runs every arm once, in alternating order */
     const char *forced_method; /* NULL: auto */
     const char *seconds_per_gib;
     bool real;
@@ -271,7 +272,9 @@ static int size_index(size_t bytes)
     return -1;
 }
 
-static void parse_child_output(const char *output, struct arm_result *arm)
+/* Stores the child's repetitions from index first on (the rounds before it
+ * filled the earlier slots). */
+static void parse_child_output(const char *output, struct arm_result *arm, int first)
 {
     const char *line = output;
     while (line != NULL && *line != '\0') {
@@ -284,7 +287,8 @@ static void parse_child_output(const char *output, struct arm_result *arm)
                    "after_drain=%d",
                    &bytes, &rep, &lock, &drain, &unlock, &at_return, &after_drain) == 7) {
             int s = size_index(bytes);
-            if (s >= 0 && rep >= 0 && rep < MAX_REPS) {
+            rep += first;
+            if (s >= 0 && rep >= first && rep < MAX_REPS) {
                 arm->lock[s][rep] = lock;
                 arm->drain[s][rep] = drain;
                 arm->unlock[s][rep] = unlock;
@@ -315,7 +319,7 @@ static void parse_child_output(const char *output, struct arm_result *arm)
     }
 }
 
-static void run_arm(enum arm which, const char *shim, const char *runtime)
+static void run_arm(enum arm which, int round, const char *shim, const char *runtime)
 {
     struct arm_result *arm = &arms[which];
     struct bench_env env;
@@ -354,21 +358,30 @@ static void run_arm(enum arm which, const char *shim, const char *runtime)
                     reps,
                     (char *)(options.real ? "" : runtime),
                     NULL};
-    fprintf(stderr, "lock_latency: arm %s (%s)\n", arm_names[which], arm_titles[which]);
+    fprintf(stderr, "lock_latency: round %d, arm %s (%s)\n", round + 1, arm_names[which],
+            arm_titles[which]);
     struct bench_run run;
-    arm->ran = bench_run_process(argv, &env, true, false, &run);
-    arm->exit_code = run.exit_code;
+    bool ran = bench_run_process(argv, &env, true, false, &run);
+    arm->ran = round == 0 ? ran : arm->ran && ran;
+    if (round == 0 || run.exit_code != 0)
+        arm->exit_code = run.exit_code;
     if (run.output != NULL)
-        parse_child_output(run.output, arm);
+        parse_child_output(run.output, arm, round * options.reps);
     bench_run_free(&run);
     bench_env_free(&env);
 
+    /* Summed over the rounds. */
     char *stats = which != ARM_NONE ? bench_read_file(stats_path) : NULL;
-    arm->have_stats =
-        stats != NULL && bench_json_number(stats, "thread", "wait_seconds", &arm->wait_seconds) &&
-        bench_json_number(stats, "thread", "background_seconds", &arm->background_seconds) &&
-        bench_json_number(stats, "register", "seconds", &arm->register_seconds) &&
-        bench_json_number(stats, "unregister", "seconds", &arm->unregister_seconds);
+    double wait = 0, background = 0, registering = 0, unregistering = 0;
+    bool have = stats != NULL && bench_json_number(stats, "thread", "wait_seconds", &wait) &&
+                bench_json_number(stats, "thread", "background_seconds", &background) &&
+                bench_json_number(stats, "register", "seconds", &registering) &&
+                bench_json_number(stats, "unregister", "seconds", &unregistering);
+    arm->have_stats = round == 0 ? have : arm->have_stats && have;
+    arm->wait_seconds += wait;
+    arm->background_seconds += background;
+    arm->register_seconds += registering;
+    arm->unregister_seconds += unregistering;
     free(stats);
     unlink(stats_path);
 }
@@ -417,8 +430,9 @@ static double lock_median(enum arm which, size_t s)
 
 static void print_tables(void)
 {
-    printf("\nMedians of %d repetitions per size (min in brackets); one process per arm.\n\n",
-           options.reps);
+    printf("\nMedians of %d repetitions per size (min in brackets): %d round(s) of one process "
+           "per arm, the order alternating, %d repetitions each.\n\n",
+           options.reps * options.rounds, options.rounds, options.reps);
     printf("| size | memory | mlock, without the shim | mlock, sync | mlock, async | sync / async "
            "| added by the shim to mlock, sync / async | async: mlock + pinshim_drain (until "
            "registered) | registered when mlock returned, sync / async | munlock, sync / async "
@@ -485,8 +499,8 @@ static void print_tables(void)
         printf("  %g GiB: %s\n", options.sizes_gib[s], options.why[s]);
 
     printf("\nTime the program waited inside the shim vs in the background (the shim's stats, "
-           "thread.wait_seconds / thread.background_seconds; all sizes, repetitions and the "
-           "1 MiB warm-up, registrations and unregistrations):\n");
+           "thread.wait_seconds / thread.background_seconds; summed over all sizes, "
+           "repetitions, rounds and 1 MiB warm-ups, registrations and unregistrations):\n");
     for (int a = ARM_SYNC; a <= ARM_ASYNC; a++) {
         if (arms[a].have_stats)
             printf("  %-5s (%s): program waited %.3f s, background %.3f s (cudaHostRegister "
@@ -526,7 +540,10 @@ static bool write_json(const char *path, const char *command, const char *shim, 
         fprintf(out, "null");
     else
         fprintf(out, "%s", options.seconds_per_gib);
-    fprintf(out, ", \"reps\": %d,\n \"arms\": {", options.reps);
+    fprintf(out,
+            ", \"reps\": %d, \"rounds\": %d, \"order\": \"none sync async, then reversed; "
+            "each series holds the rounds one after the other\",\n \"arms\": {",
+            options.reps, options.rounds);
     for (int a = 0; a < ARM_COUNT; a++) {
         const struct arm_result *arm = &arms[a];
         fprintf(out, "%s\n  \"%s\": {\"title\": ", a ? "," : "", arm_names[a]);
@@ -570,14 +587,17 @@ static bool write_json(const char *path, const char *command, const char *shim, 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: lock_latency [--sizes GIB,...] [--reps N] [--method auto|touch|onfault]\n"
+            "usage: lock_latency [--sizes GIB,...] [--reps N] [--rounds N]\n"
+            "                    [--method auto|touch|onfault]\n"
             "                    [--seconds-per-gib S] [--real] [--cudart LIB] [--shim LIB]\n"
             "                    [--json FILE]\n"
             "What the program sees inside mlock() under the shim, registration synchronous\n"
             "(PINSHIM_ASYNC=off) vs asynchronous (on), and the time until pinshim_drain()\n"
             "says the range is registered; plus mlock without the shim.\n"
             "  --sizes            GiB per buffer (default 1,4,16)\n"
-            "  --reps             repetitions per size (default 5; the median is reported)\n"
+            "  --reps             repetitions per size and process (default 5)\n"
+            "  --rounds           processes per arm, the order of the arms alternating\n"
+            "                     (default 2); medians over all repetitions are reported\n"
             "  --method           auto (default): touched memory when the size fits in half of\n"
             "                     MemAvailable, else MAP_NORESERVE + mlock2(MLOCK_ONFAULT) with\n"
             "                     PINSHIM_ONFAULT=all (no memory used with the fake driver)\n"
@@ -668,6 +688,7 @@ int main(int argc, char **argv)
     }
 
     options.reps = 5;
+    options.rounds = 2;
     options.seconds_per_gib = "0.1";
     parse_sizes("1,4,16");
     const char *shim_option = NULL, *cudart_option = NULL;
@@ -687,6 +708,8 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(arg, "--reps") == 0 && atoi(value) >= 1 && atoi(value) <= MAX_REPS) {
             options.reps = atoi(value), i++;
+        } else if (strcmp(arg, "--rounds") == 0 && atoi(value) >= 1 && atoi(value) <= MAX_REPS) {
+            options.rounds = atoi(value), i++;
         } else if (strcmp(arg, "--method") == 0 &&
                    (strcmp(value, "auto") == 0 || strcmp(value, "touch") == 0 ||
                     strcmp(value, "onfault") == 0)) {
@@ -706,6 +729,10 @@ int main(int argc, char **argv)
         }
     }
 
+    if (options.reps * options.rounds > MAX_REPS) {
+        fprintf(stderr, "lock_latency: --reps x --rounds must be at most %d\n", MAX_REPS);
+        return 64;
+    }
     static char shim[PATH_MAX], runtime[PATH_MAX];
     const char *found = bench_find_library(shim_option, BENCH_SHIM_PATH, "../src/libpinshim.so");
     if (found == NULL) {
@@ -743,15 +770,21 @@ int main(int argc, char **argv)
            "PINSHIM_CONTEXT=program, the program's context made by cudaFree(NULL) first\n",
            arm_titles[ARM_NONE], arm_titles[ARM_SYNC], arm_titles[ARM_ASYNC]);
 
+    /* Rounds alternate the order (none, sync, async, then async, sync, none)
+     * so that a drift of a shared machine, or whatever the first process
+     * meets, does not land on one arm only. */
     double began = bench_now_seconds();
-    run_arm(ARM_NONE, shim, runtime);
-    if (arms[ARM_NONE].exit_code == EXIT_NO_GPU) {
-        /* The arms under the shim would find the same runtime and no GPU. */
-        printf("lock_latency: no usable GPU, nothing measured (%s)\n", arms[ARM_NONE].message);
-        return EXIT_NO_GPU;
+    for (int round = 0; round < options.rounds; round++) {
+        for (int k = 0; k < ARM_COUNT; k++) {
+            enum arm which = (enum arm)(round % 2 == 0 ? k : ARM_COUNT - 1 - k);
+            run_arm(which, round, shim, runtime);
+            if (arms[which].exit_code == EXIT_NO_GPU) {
+                /* The other arms would find the same runtime and no GPU. */
+                printf("lock_latency: no usable GPU, nothing measured (%s)\n", arms[which].message);
+                return EXIT_NO_GPU;
+            }
+        }
     }
-    run_arm(ARM_SYNC, shim, runtime);
-    run_arm(ARM_ASYNC, shim, runtime);
     print_tables();
     printf("\ntotal time %.1f s\n", bench_now_seconds() - began);
 
