@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # One-shot GPU check for a machine with an NVIDIA GPU, the CUDA Toolkit and
 # PyTorch, and possibly no network, no Meson and no Criterion:
-#   1. build libpinshim.so, bench/h2d_d2h and bench/gpu_check (Meson when it
-#      works, else plain cc commands);
+#   1. build libpinshim.so, bench/h2d_d2h, bench/gpu_check, bench/gpu_contexts
+#      and bench/lock_latency (Meson when it works, else plain cc commands);
 #   2. correctness under LD_PRELOAD: gpu_check (pinshim_is_registered,
-#      cudaPointerGetAttributes type 1, round trip, munlock/free) and the same
-#      questions through PyTorch (is_pinned() True);
-#   3. bench/h2d_d2h and bench/h2d_d2h_torch.py.
-# Every step has its own timeout, a failed step never stops the next, and the
-# results land in bench/results/gpu-<date>-<host>/ (at most 8 files) with a
-# summary printed at the end. Meant to finish in under 5 minutes.
+#      cudaPointerGetAttributes type 1, round trip, munlock/free);
+#      gpu_contexts with PINSHIM_ASYNC on and off (main uses the last GPU, a
+#      worker that never chose a device locks: only that GPU's primary context
+#      may be active, and nvidia-smi must list this pid on that GPU only); the
+#      same questions as gpu_check through PyTorch (is_pinned() True);
+#   3. bench/lock_latency --real (the real libcudart, PINSHIM_CUDART unset):
+#      mlock as the program sees it with PINSHIM_ASYNC off and on, 1 and 4 GiB;
+#   4. bench/h2d_d2h and bench/h2d_d2h_torch.py.
+# Every step has its own timeout, capped so the whole run stays within
+# GPU_CHECK_BUDGET seconds (default 470: under 8 minutes); a failed step never
+# stops the next. Results land in $OUT when it is set, else in
+# bench/results/gpu-<date>-<host>/, with a summary printed at the end.
+# Exit status: 0 all passed, 1 something failed, 2 no usable GPU (nothing
+# measured; the build is still tried and every step says why it skipped).
 #   bench/gpu-check.sh [--quick]
 # Environment: CUDA_HOME (default /usr/local/cuda), PYTHON (default python3),
-# GPU_CHECK_BUILD=cc to skip Meson.
+# GPU_CHECK_BUILD=cc to skip Meson, OUT, GPU_CHECK_BUDGET.
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -22,8 +30,9 @@ quick=0
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 python=${PYTHON:-python3}
 host=$(hostname 2>/dev/null | tr -c 'A-Za-z0-9._\n-' '_' | head -c 40)
-out="bench/results/gpu-$(date +%Y-%m-%d)-${host:-host}"
-mkdir -p "$out"
+out=${OUT:-bench/results/gpu-$(date +%Y-%m-%d)-${host:-host}}
+mkdir -p "$out" || exit 1
+out=$(cd "$out" && pwd)
 build="$root/build-gpu"
 log="$out/build.log"          # 1: environment and build
 check="$out/correctness.txt"  # 2
@@ -32,18 +41,31 @@ h2d_json="$out/h2d_d2h.json"  # 4
 torch_txt="$out/torch.txt"    # 5
 torch_json="$out/torch.json"  # 6
 summary="$out/summary.txt"    # 7
+contexts="$out/contexts.txt"  # 8
+latency_txt="$out/lock_latency.txt"   # 9
+latency_json="$out/lock_latency.json" # 10
 : >"$log"
 : >"$check"
+: >"$contexts"
 started=$(date +%s)
+budget=${GPU_CHECK_BUDGET:-470}
 declare -a results=()
 
 note() { echo "gpu-check: $*" | tee -a "$log" >&2; }
 result() { results+=("$1"); echo "gpu-check: $1" >&2; }
 
-# Runs a step with a time limit; its output goes to the file given.
+# Runs a step with a time limit, cut to what is left of the budget (10 s kept
+# for the summary); its output goes to the file given. A step with less than
+# 20 s left is not started (status 124, as if it had timed out).
 step() {
   local limit=$1 file=$2
   shift 2
+  local left=$((started + budget - 10 - $(date +%s)))
+  if [ "$left" -lt 20 ]; then
+    echo "gpu-check: not started, the ${budget} s budget is spent: $*" >>"$file"
+    return 124
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   timeout --kill-after=10 "$limit" "$@" >>"$file" 2>&1
 }
 
@@ -59,12 +81,25 @@ step() {
   echo "== python: $($python --version 2>&1)"
   echo "== torch: $(timeout 60 "$python" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -1)"
   echo "== RLIMIT_MEMLOCK: $(ulimit -l), uid $(id -u)"
+  echo "== memory: $(grep -E '^MemAvailable' /proc/meminfo)"
 } >>"$log" 2>&1
+
+# No GPU: everything below still runs (the build is checked, and each GPU
+# program says why it skips in a few seconds), and the exit status is 2.
+gpu_list=$(timeout 30 nvidia-smi -L 2>/dev/null | grep '^GPU' || true)
+gpu_count=$(printf '%s' "$gpu_list" | grep -c '^GPU' || true)
+if [ "${gpu_count:-0}" -eq 0 ]; then
+  note "no usable NVIDIA GPU here (nvidia-smi -L lists none$(command -v nvidia-smi >/dev/null || echo '; nvidia-smi not found')): building and running the checks only to show that they skip"
+else
+  note "$gpu_count GPU(s) listed by nvidia-smi -L"
+fi
 
 # ---- build ----
 shim=""
 h2d=""
 gpu_check=""
+gpu_contexts=""
+lock_latency=""
 built_with=""
 if [ "${GPU_CHECK_BUILD:-meson}" = meson ] && command -v meson >/dev/null &&
   command -v ninja >/dev/null; then
@@ -77,10 +112,13 @@ if [ "${GPU_CHECK_BUILD:-meson}" = meson ] && command -v meson >/dev/null &&
       shim="$build/src/libpinshim.so"
       h2d="$build/bench/h2d_d2h"
       gpu_check="$build/bench/gpu_check"
+      gpu_contexts="$build/bench/gpu_contexts"
+      lock_latency="$build/bench/lock_latency"
     fi
   fi
 fi
-if [ -z "$built_with" ] || [ ! -x "$h2d" ] || [ ! -x "$gpu_check" ]; then
+if [ -z "$built_with" ] || [ ! -x "$h2d" ] || [ ! -x "$gpu_check" ] ||
+  [ ! -x "$gpu_contexts" ] || [ ! -x "$lock_latency" ]; then
   note "building with cc in build-gpu-cc"
   build="$root/build-gpu-cc"
   mkdir -p "$build"
@@ -104,12 +142,22 @@ EOF
     h2d="$build/h2d_d2h"
   step 120 "$log" cc "${flags[@]}" bench/gpu_check.c -o "$build/gpu_check" "${cuda_link[@]}" &&
     gpu_check="$build/gpu_check"
+  step 120 "$log" cc "${flags[@]}" bench/gpu_contexts.c -o "$build/gpu_contexts" \
+    "${cuda_link[@]}" && gpu_contexts="$build/gpu_contexts"
+  # lock_latency dlopens the runtime: no CUDA at build time, --real only here.
+  step 120 "$log" cc "${flags[@]}" -Iinclude -DBENCH_SHIM_PATH="\"$build/libpinshim.so\"" \
+    bench/lock_latency.c bench/bench_util.c -o "$build/lock_latency" -ldl &&
+    lock_latency="$build/lock_latency"
   built_with=cc
 fi
 [ -n "$shim" ] && [ -f "$shim" ] && result "build ($built_with): libpinshim.so OK" ||
   { result "build ($built_with): libpinshim.so FAILED (see build.log)"; shim=""; }
 [ -n "$h2d" ] && [ -x "$h2d" ] || { result "build: h2d_d2h FAILED"; h2d=""; }
 [ -n "$gpu_check" ] && [ -x "$gpu_check" ] || { result "build: gpu_check FAILED"; gpu_check=""; }
+[ -n "$gpu_contexts" ] && [ -x "$gpu_contexts" ] ||
+  { result "build: gpu_contexts FAILED"; gpu_contexts=""; }
+[ -n "$lock_latency" ] && [ -x "$lock_latency" ] ||
+  { result "build: lock_latency FAILED"; lock_latency=""; }
 
 # ---- correctness ----
 if [ -n "$shim" ] && [ -n "$gpu_check" ]; then
@@ -119,10 +167,28 @@ if [ -n "$shim" ] && [ -n "$gpu_check" ]; then
   case $rc in
     0) result "correctness (C): PASS" ;;
     2) result "correctness (C): skipped (no usable GPU; see correctness.txt)" ;;
+    124) result "correctness (C): TIMEOUT (timed out, or not started: time budget; see correctness.txt)" ;;
     *) result "correctness (C): FAIL (exit $rc; see correctness.txt)" ;;
   esac
 else
   result "correctness (C): not run (build failed)"
+fi
+# Contexts on a multi-GPU box: registration from the registration thread
+# (async) and from the locking worker (sync).
+if [ -n "$shim" ] && [ -n "$gpu_contexts" ]; then
+  for async in on off; do
+    echo "== gpu_contexts under LD_PRELOAD=$shim, PINSHIM_ASYNC=$async (PINSHIM_STATS=stderr)" >>"$contexts"
+    LD_PRELOAD="$shim" PINSHIM_ASYNC=$async PINSHIM_STATS=stderr step 90 "$contexts" "$gpu_contexts"
+    rc=$?
+    case $rc in
+      0) result "contexts (PINSHIM_ASYNC=$async): PASS" ;;
+      2) result "contexts (PINSHIM_ASYNC=$async): skipped (no usable GPU; see contexts.txt)" ;;
+      124) result "contexts (PINSHIM_ASYNC=$async): TIMEOUT (timed out, or not started: time budget; see contexts.txt)" ;;
+      *) result "contexts (PINSHIM_ASYNC=$async): FAIL (exit $rc; see contexts.txt)" ;;
+    esac
+  done
+else
+  result "contexts: not run (build failed)"
 fi
 if [ -n "$shim" ]; then
   echo "== PyTorch under LD_PRELOAD=$shim" >>"$check"
@@ -173,8 +239,27 @@ EOF
   case $rc in
     0) result "correctness (torch): PASS" ;;
     2) result "correctness (torch): skipped (no torch or no GPU; see correctness.txt)" ;;
+    124) result "correctness (torch): TIMEOUT (timed out, or not started: time budget; see correctness.txt)" ;;
     *) result "correctness (torch): FAIL (exit $rc; see correctness.txt)" ;;
   esac
+fi
+
+# ---- what the program waits for inside mlock: sync vs async registration ----
+latency_sizes=1,4
+latency_rounds=2 # each round: one process per arm, the order alternating
+[ $quick -eq 1 ] && latency_sizes=1 && latency_rounds=1
+if [ -n "$lock_latency" ] && [ -n "$shim" ]; then
+  (unset PINSHIM_CUDART; step 180 "$latency_txt" "$lock_latency" --real --shim "$shim" \
+    --sizes "$latency_sizes" --reps 2 --rounds "$latency_rounds" --json "$latency_json")
+  rc=$?
+  case $rc in
+    0) result "lock_latency: done" ;;
+    2) result "lock_latency: skipped (no usable GPU; see lock_latency.txt)" ;;
+    124) result "lock_latency: TIMEOUT (timed out, or not started: time budget; see lock_latency.txt)" ;;
+    *) result "lock_latency: FAILED (exit $rc; see lock_latency.txt)" ;;
+  esac
+else
+  result "lock_latency: not run (build failed)"
 fi
 
 # ---- bandwidth ----
@@ -187,6 +272,7 @@ if [ -n "$h2d" ]; then
   case $rc in
     0) result "h2d_d2h: done" ;;
     2) result "h2d_d2h: skipped (no usable GPU; see h2d_d2h.txt)" ;;
+    124) result "h2d_d2h: TIMEOUT (timed out, or not started: time budget; see h2d_d2h.txt)" ;;
     *) result "h2d_d2h: FAILED (exit $rc; see h2d_d2h.txt)" ;;
   esac
 else
@@ -198,16 +284,27 @@ rc=$?
 case $rc in
   0) result "h2d_d2h_torch: done" ;;
   2) result "h2d_d2h_torch: skipped (no torch or no GPU; see torch.txt)" ;;
+  124) result "h2d_d2h_torch: TIMEOUT (timed out, or not started: time budget; see torch.txt)" ;;
   *) result "h2d_d2h_torch: FAILED (exit $rc; see torch.txt)" ;;
 esac
 
 # ---- summary ----
 {
   echo "pinshim GPU check, $(date -u +%FT%TZ), $(hostname), $(($(date +%s) - started)) s"
-  grep -m1 -E "NVIDIA|GPU 0" "$log" | sed 's/^/device: /'
+  if [ "${gpu_count:-0}" -eq 0 ]; then
+    echo "device: none (no usable NVIDIA GPU)"
+  else
+    printf '%s\n' "$gpu_list" | sed 's/^/device: /'
+  fi
   printf '%s\n' "${results[@]}"
   echo
   grep -E '^(PASS|FAIL|SKIP)' "$check"
+  grep -E '^(==|PASS|FAIL|SKIP|NOTE|INFO)|^[0-9]+ device' "$contexts"
+  if [ -s "$latency_txt" ]; then
+    echo
+    echo "== lock_latency.txt"
+    sed -n '/^| size/,/^$/p;/program waited/p;/no usable GPU/p' "$latency_txt"
+  fi
   for table in "$h2d_txt" "$torch_txt"; do
     [ -s "$table" ] || continue
     echo
@@ -221,3 +318,11 @@ esac
 } >"$summary" 2>&1
 cat "$summary"
 echo "gpu-check: results in $out/"
+if [ "${gpu_count:-0}" -eq 0 ]; then
+  echo "gpu-check: NO GPU: no usable NVIDIA GPU on this machine, nothing was measured (exit 2)" >&2
+  exit 2
+fi
+if printf '%s\n' "${results[@]}" | grep -qE 'FAIL|TIMEOUT'; then
+  exit 1
+fi
+exit 0
