@@ -4,6 +4,9 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 
 /* ---- small helpers ---- */
@@ -125,19 +128,25 @@ static void publish_record_count(struct engine *engine)
 
 /* The window's map (see struct engine_free_view): granules [first, last) of
  * it become covered (mark), or not (unmark), and the distances before them
- * follow. Only this thread writes the map (under the mutex); a reader may see
- * a mix of old and new bytes, each a distance that held before or holds
- * after, so it never clears a block that overlaps a record that stays. */
-static void window_store(uint8_t *map, uintptr_t at, unsigned value)
+ * follow. Values here are in granules (0..255); the map keeps them in bytes.
+ * Only this thread writes the map (under the mutex); a reader may see a mix
+ * of old and new entries, each a distance that held before or holds after,
+ * so it never clears a block that overlaps a record that stays. */
+static void window_store(uint64_t *map, uintptr_t at, unsigned value)
 {
-    __atomic_store_n(&map[at], (uint8_t)value, __ATOMIC_RELAXED);
+    __atomic_store_n(&map[at], (uint64_t)value << PAGE_INDEX_GRANULE_SHIFT, __ATOMIC_RELAXED);
+}
+
+static unsigned window_value(const uint64_t *map, uintptr_t at)
+{
+    return (unsigned)(map[at] >> PAGE_INDEX_GRANULE_SHIFT);
 }
 
 static void window_update(struct engine *engine, uintptr_t start, uintptr_t end, bool cover)
 {
-    uint8_t *map = engine->window_bytes;
-    uintptr_t base = engine->free_view.window_base;
-    uintptr_t granules = ENGINE_WINDOW_MAP_BYTES;
+    uint64_t *map = engine->window_entries;
+    uintptr_t base = engine->free_view.window_before + 1;
+    uintptr_t granules = ENGINE_WINDOW_ENTRIES;
     if (map == NULL || end <= base)
         return;
     uintptr_t first = start > base ? (start - base) >> PAGE_INDEX_GRANULE_SHIFT : 0;
@@ -152,22 +161,22 @@ static void window_update(struct engine *engine, uintptr_t start, uintptr_t end,
             window_store(map, at, ENGINE_WINDOW_REACH);
         for (uintptr_t at = first; at-- > reach_start;) {
             unsigned value = ENGINE_WINDOW_REACH - (unsigned)(first - at);
-            if (map[at] >= value)
+            if (window_value(map, at) >= value)
                 break; /* nearer coverage already, from here on down */
             window_store(map, at, value);
         }
         return;
     }
-    /* Uncovered: each byte from last - 1 down follows from the next one; the
+    /* Uncovered: each entry from last - 1 down follows from the next one; the
      * granules before first keep their own coverage. */
-    unsigned next = last < granules ? map[last] : 0;
+    unsigned next = last < granules ? window_value(map, last) : 0;
     for (uintptr_t at = last; at-- > reach_start;) {
         unsigned value;
-        if (at < first && map[at] == ENGINE_WINDOW_REACH)
+        if (at < first && window_value(map, at) == ENGINE_WINDOW_REACH)
             value = ENGINE_WINDOW_REACH;
         else
             value = next > 0 ? next - 1 : 0;
-        if (at < first && map[at] == value)
+        if (at < first && window_value(map, at) == value)
             break; /* unchanged here: unchanged further down */
         window_store(map, at, value);
         next = value;
@@ -181,10 +190,14 @@ static void window_place(struct engine *engine, uintptr_t address)
     if (engine->window_placed)
         return;
     engine->window_placed = true;
-    engine->free_view.window_base = address & ~(ENGINE_WINDOW_BYTES - 1);
-    engine->window_bytes = internal_map(ENGINE_WINDOW_MAP_BYTES);
-    __atomic_store_n(&engine->free_view.window, engine->window_bytes, __ATOMIC_RELAXED);
-    if (engine->window_bytes != NULL && engine->window_allowed)
+    engine->free_view.window_before = (address & ~(ENGINE_WINDOW_BYTES - 1)) - 1;
+    engine->window_entries = internal_map(ENGINE_WINDOW_MAP_BYTES);
+    /* Sparse: 4 KiB pages, so that marking a few records touches kilobytes,
+     * not a 2 MiB huge page per record far from the others. */
+    if (engine->window_entries != NULL)
+        syscall(SYS_madvise, engine->window_entries, ENGINE_WINDOW_MAP_BYTES, MADV_NOHUGEPAGE);
+    __atomic_store_n(&engine->free_view.window, engine->window_entries, __ATOMIC_RELAXED);
+    if (engine->window_entries != NULL && engine->window_allowed)
         __atomic_store_n(&engine->free_view.window_size, ENGINE_WINDOW_BYTES, __ATOMIC_RELEASE);
 }
 
@@ -203,7 +216,7 @@ void engine_enable_window(struct engine *engine)
     engine->window_allowed = true;
     if (engine->registry.count != 0)
         __atomic_store_n(&engine->free_view.below, engine->span_start, __ATOMIC_RELAXED);
-    if (engine->window_bytes != NULL)
+    if (engine->window_entries != NULL)
         __atomic_store_n(&engine->free_view.window_size, ENGINE_WINDOW_BYTES, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&engine->mutex);
 }
@@ -939,8 +952,8 @@ static void engine_release_memory(struct engine *engine)
 {
     if (engine->registry_ok)
         range_registry_destroy(&engine->registry);
-    internal_unmap(engine->window_bytes, ENGINE_WINDOW_MAP_BYTES);
-    engine->window_bytes = NULL;
+    internal_unmap(engine->window_entries, ENGINE_WINDOW_MAP_BYTES);
+    engine->window_entries = NULL;
     memset(&engine->free_view, 0, sizeof(engine->free_view));
     if (engine->gate != NULL)
         __atomic_store_n(engine->gate, 0, __ATOMIC_RELAXED);

@@ -135,29 +135,35 @@ enum engine_failure_rule {
  * "ptr - 1 >= gate", clears a NULL pointer, every block when nothing is
  * registered, and every block above all records. Then, for blocks that start
  * inside the window (the aligned 64 GiB region of the first record), one
- * byte per 4 KiB granule tells how far the next granule a record covers is:
- * 255 - min(255, distance), so 255 is "covered" and 0 (the kernel's zero
- * pages: untouched) is "none within 255 granules". A block that starts at
- * granule g and ends at granule l touches no record when
- * byte[g] + (l - g) < 255: one load, whatever the block's size. The map runs
- * 256 granules past the window's end, so a block starting near the end sees
- * the records just after it. window_size is 0 until block sizes may be read
- * from glibc's chunk headers (engine_enable_window), or when the map could
- * not be mapped. window_base, window_size and window are written once. */
+ * entry per 4 KiB granule tells how far the next granule a record covers is:
+ * (255 - min(255, distance in granules)) * 4096, so 255 * 4096 is "covered"
+ * and 0 (the kernel's zero pages: untouched) is "none within 255 granules".
+ * A block that starts at offset o in the window, its granule's entry e, and
+ * whose last byte is at o + n touches no record when
+ * (o mod 4096) + n + e < 255 * 4096: one add from memory, whatever the
+ * block's size (the entries are in bytes, and 64 bits wide, so that the sum
+ * needs no shift and no widening). The map runs 256 granules past the
+ * window's end, so a block starting near the end sees the records just after
+ * it. window_size is 0 until block sizes may be read from glibc's chunk
+ * headers (engine_enable_window), or when the map could not be mapped.
+ * window_before (the window's first byte, less one: the fast path subtracts
+ * it from the "ptr - 1" the gate compare made), window_size and window are
+ * written once. */
 struct engine_free_view {
     uintptr_t gate;
-    uintptr_t window_base;
+    uintptr_t window_before;
     uintptr_t window_size;
-    const uint8_t *window;
+    const uint64_t *window;
     /* The span's start while block sizes may be read from headers (else 0):
      * a block that starts below it and ends below it holds no record. */
     uintptr_t below;
 } __attribute__((aligned(64)));
 
 #define ENGINE_WINDOW_BYTES ((uintptr_t)64 << 30)
-#define ENGINE_WINDOW_REACH 255 /* granules a byte of the map looks ahead */
-#define ENGINE_WINDOW_MAP_BYTES                                                                    \
+#define ENGINE_WINDOW_REACH 255 /* granules an entry of the map looks ahead */
+#define ENGINE_WINDOW_ENTRIES                                                                      \
     ((ENGINE_WINDOW_BYTES >> PAGE_INDEX_GRANULE_SHIFT) + ENGINE_WINDOW_REACH + 1)
+#define ENGINE_WINDOW_MAP_BYTES (ENGINE_WINDOW_ENTRIES * sizeof(uint64_t))
 
 #define ENGINE_ERROR_SLOTS 32
 #define ENGINE_CLAIMS 64
@@ -183,9 +189,9 @@ struct engine {
     /* Where the gate is kept: free_view.gate, or (engine_keep_gate_at) a
      * variable of its own that free reads with a RIP-relative compare. */
     uintptr_t *gate;
-    uint8_t *window_bytes; /* ENGINE_WINDOW_MAP_BYTES, or NULL */
-    bool window_allowed;   /* engine_enable_window was called */
-    bool window_placed;    /* window_base chosen (at the first record) */
+    uint64_t *window_entries; /* ENGINE_WINDOW_MAP_BYTES, or NULL */
+    bool window_allowed;      /* engine_enable_window was called */
+    bool window_placed;       /* the window's place chosen (at the first record) */
     pthread_mutex_t mutex;
     pthread_cond_t changed; /* claims dropped, worker work */
     struct range_registry registry;
@@ -262,17 +268,18 @@ static inline bool engine_block_clear_fast(const struct engine *engine, uintptr_
                                            const void *ptr)
 {
     uintptr_t address = (uintptr_t)ptr;
-    if (__builtin_expect(address - 1 >= gate, 1))
+    uintptr_t before = address - 1;
+    if (__builtin_expect(before >= gate, 1))
         return true;
     /* The window's fields are written once (window_size last, when headers
      * may be read): plain loads, which the compiler folds into the
      * arithmetic. */
     const struct engine_free_view *view = &engine->free_view;
-    uintptr_t offset = address - view->window_base;
+    uintptr_t offset = before - view->window_before;
     if (offset < view->window_size) {
-        uintptr_t first = offset >> PAGE_INDEX_GRANULE_SHIFT;
-        uintptr_t last = (offset + ((const size_t *)ptr)[-1] - 9) >> PAGE_INDEX_GRANULE_SHIFT;
-        return (uintptr_t)view->window[first] + (last - first) < ENGINE_WINDOW_REACH;
+        uintptr_t reach = (offset & (PAGE_INDEX_GRANULE - 1)) + ((const size_t *)ptr)[-1] - 9 +
+                          view->window[offset >> PAGE_INDEX_GRANULE_SHIFT];
+        return reach < ((uintptr_t)ENGINE_WINDOW_REACH << PAGE_INDEX_GRANULE_SHIFT);
     }
     /* Below every record (below is 0 unless headers may be read). */
     uintptr_t below = __atomic_load_n(&view->below, __ATOMIC_RELAXED);
