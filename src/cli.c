@@ -27,10 +27,9 @@
 #define PINSHIM_SOURCE_SCRIPTS ""
 #endif
 
-static const char usage_line[] =
-    "usage: pinshim [OPTION...] [--print-env] [--] COMMAND [ARGS...]\n"
-    "       pinshim report [--all] [--json] FILES...\n"
-    "       pinshim --help | --version\n";
+static const char usage_line[] = "usage: pinshim [OPTION...] [--print-env] [--] COMMAND [ARGS...]\n"
+                                 "       pinshim report [--all] [--json] FILES...\n"
+                                 "       pinshim --help | --version\n";
 
 static void print_help(void)
 {
