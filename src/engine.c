@@ -1748,6 +1748,21 @@ bool engine_note_immediate_exit(struct engine *engine)
     if (!locked)
         return false;
     __atomic_store_n(&engine->shut_down, true, __ATOMIC_RELAXED);
+    pthread_cond_broadcast(&engine->changed);
+    /* Operations in flight (a registration the thread is making, another
+     * thread's unlock) end in bounded time and start nothing new now: wait
+     * for them, as exit does, so that a range being registered is counted as
+     * registered, not lost between the counts. Bounded, should one hang. */
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += 5;
+    for (;;) {
+        bool busy = engine->worker_busy;
+        for (int slot = 0; slot < ENGINE_CLAIMS && !busy; slot++)
+            busy = engine->claims[slot].count != 0;
+        if (!busy || pthread_cond_timedwait(&engine->changed, &engine->mutex, &deadline) != 0)
+            break;
+    }
     engine->live_ranges_at_exit = engine->counters.live_ranges;
     engine->live_bytes_at_exit = engine->counters.live_bytes;
     engine->pending_ranges_at_exit = engine->pending_ranges;

@@ -375,9 +375,9 @@ void engine_worker_poke(struct engine *engine);
  * and queued, unregisters what is registered and stops registering. */
 void engine_shutdown(struct engine *engine);
 
-/* At _exit: records what is live, pending and queued as at exit, and stops
- * registering, without unregistering (the kernel drops every pin with the
- * process) and without waiting for operations in flight. False when the
+/* At _exit: stops registering, waits (at most 5 s) for the operations in
+ * flight, and records what is live, pending and queued as at exit, without
+ * unregistering (the kernel drops every pin with the process). False when the
  * engine's lock could not be had within about 100 ms (_exit called from a
  * signal handler that interrupted the shim, say): then nothing was recorded. */
 bool engine_note_immediate_exit(struct engine *engine);

@@ -358,6 +358,23 @@ static int exit_now(bool upper)
     char *buffer = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buffer == MAP_FAILED || mlock(buffer, length) != 0)
         return 2;
+    if (getenv("ROUND2_EXIT_IN_FLIGHT") != NULL) {
+        /* Ends while the shim's thread is inside the registration (the fake
+         * driver sleeps in it, FAKE_CUDA_REGISTER_SECONDS_PER_GIB). */
+        size_t (*in_flight)(void) = NULL;
+        for (int i = 0; i < 3000 && (in_flight == NULL || in_flight() == 0); i++) {
+            void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+            if (driver != NULL) {
+                in_flight = (size_t(*)(void))dlsym(driver, "fake_cuda_registrations_in_flight");
+                dlclose(driver);
+            }
+            struct timespec pause = {0, 10 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+        if (in_flight == NULL || in_flight() == 0)
+            return 2;
+        printf("ok: a registration is in flight\n");
+    }
     printf("ok: locked, ending with %s\n", upper ? "_Exit" : "_exit");
     fflush(stdout);
     if (upper)

@@ -121,6 +121,24 @@ class ExitWithoutHandlers(unittest.TestCase):
                              1, document)
             self.assertEqual(document["live"]["ranges"], document["register"]["ok"], document)
 
+    def test_exit_during_a_registration(self):
+        """_exit while the registration thread is inside the registration:
+        the shim waits for that call (as exit does), so the range is counted
+        as registered and live, not lost between the counts (found under
+        ASan's timing, reached here on purpose)."""
+        with tempfile.TemporaryDirectory() as directory:
+            result = subprocess.run([os.environ["ROUND2"], "exit_now"],
+                                    env=shim_environment(
+                                        directory, PINSHIM_ASYNC="on", ROUND2_EXIT_IN_FLIGHT="1",
+                                        FAKE_CUDA_REGISTER_SECONDS_PER_GIB="50"),
+                                    capture_output=True, text=True, timeout=60)
+            self.assertEqual(result.returncode, 3, result.stdout + result.stderr)
+            self.assertIn("a registration is in flight", result.stdout)
+            document = stats_files(directory)[0]
+            self.assertEqual(document["register"]["ok"], 1, document)
+            self.assertEqual(document["thread"]["queued_at_exit"], 0, document)
+            self.assertEqual(document["live"]["ranges"], 1, document)
+
     def test_summary_on_stderr(self):
         with tempfile.TemporaryDirectory() as directory:
             result = subprocess.run([os.environ["ROUND2"], "exit_now"],
