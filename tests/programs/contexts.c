@@ -198,16 +198,22 @@ static size_t registrations_within(uintptr_t start, uintptr_t end, size_t *large
     return within;
 }
 
+static void sleep_ms(long milliseconds)
+{
+    struct timespec pause = {milliseconds / 1000, (milliseconds % 1000) * 1000000L};
+    nanosleep(&pause, NULL);
+}
+
 /* ---- what the process holds ---- */
 
-/* 1 when a thread of this process is named pinshim-reg. */
-static int registration_thread_runs(void)
+/* The thread id of the shim's thread (named pinshim-reg), or 0. */
+static pid_t registration_thread_id(void)
 {
     DIR *tasks = opendir("/proc/self/task");
     if (tasks == NULL)
         die("cannot list /proc/self/task");
-    int found = 0;
-    for (struct dirent *entry; (entry = readdir(tasks)) != NULL;) {
+    pid_t found = 0;
+    for (struct dirent *entry; found == 0 && (entry = readdir(tasks)) != NULL;) {
         if (entry->d_name[0] == '.')
             continue;
         char path[300], name[64] = {0};
@@ -215,12 +221,51 @@ static int registration_thread_runs(void)
         FILE *comm = fopen(path, "r");
         if (comm != NULL) {
             if (fgets(name, sizeof name, comm) != NULL && strncmp(name, "pinshim-reg", 11) == 0)
-                found = 1;
+                found = (pid_t)atoi(entry->d_name);
             fclose(comm);
         }
     }
     closedir(tasks);
     return found;
+}
+
+/* 1 when the shim's thread runs. */
+static int registration_thread_runs(void)
+{
+    return registration_thread_id() != 0;
+}
+
+/* 1 once thread tid sleeps (state S in /proc: blocked, here in the shim's
+ * wait for the registration in flight). */
+static bool thread_sleeps(pid_t tid)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+    FILE *stat = fopen(path, "r");
+    if (stat == NULL)
+        return false;
+    bool sleeps = false;
+    if (fgets(line, sizeof line, stat) != NULL) {
+        const char *close = strrchr(line, ')');
+        sleeps = close != NULL && close[1] == ' ' && close[2] == 'S';
+    }
+    fclose(stat);
+    return sleeps;
+}
+
+/* Waits (up to 30 s) until the shim's thread sleeps: the watcher, waiting
+ * on the shim's condition variable between its looks. A fork now has the
+ * child inherit a condition variable with a waiter that does not exist
+ * there (the child must not wait for it). */
+static bool wait_watcher_sleeps(void)
+{
+    for (int i = 0; i < 3000; i++) {
+        pid_t watcher = registration_thread_id();
+        if (watcher != 0 && thread_sleeps(watcher))
+            return true;
+        sleep_ms(10);
+    }
+    return false;
 }
 
 /* 1 when a mapped file's path contains part. */
@@ -247,12 +292,6 @@ static void *locked_block(size_t size)
     if (mlock(block, size) != 0)
         die("mlock");
     return block;
-}
-
-static void sleep_ms(long milliseconds)
-{
-    struct timespec pause = {milliseconds / 1000, (milliseconds % 1000) * 1000000L};
-    nanosleep(&pause, NULL);
 }
 
 /* Waits (polling, up to 30 s, so a broken shim fails rather than hangs) for
@@ -375,8 +414,6 @@ static int never_init(void)
     return 0;
 }
 
-static bool wait_watcher_sleeps(void);
-
 static int fork_child_inits(void)
 {
     char *block = locked_block(4 * MIB);
@@ -453,57 +490,6 @@ static void *releaser_main(void *argument)
         munlock(releaser->block, releaser->size);
     __atomic_store_n(&releaser->done, 1, __ATOMIC_RELEASE);
     return NULL;
-}
-
-/* 1 once thread tid sleeps (state S in /proc: blocked, here in the shim's
- * wait for the registration in flight). */
-static bool thread_sleeps(pid_t tid)
-{
-    char path[64], line[512];
-    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
-    FILE *stat = fopen(path, "r");
-    if (stat == NULL)
-        return false;
-    bool sleeps = false;
-    if (fgets(line, sizeof line, stat) != NULL) {
-        const char *close = strrchr(line, ')');
-        sleeps = close != NULL && close[1] == ' ' && close[2] == 'S';
-    }
-    fclose(stat);
-    return sleeps;
-}
-
-/* Waits (up to 30 s) until the shim's thread sleeps: the watcher, waiting
- * on the shim's condition variable between its looks. A fork now has the
- * child inherit a condition variable with a waiter that does not exist
- * there (the child must not wait for it). */
-static bool wait_watcher_sleeps(void)
-{
-    for (int i = 0; i < 3000; i++) {
-        DIR *tasks = opendir("/proc/self/task");
-        if (tasks == NULL)
-            die("cannot list /proc/self/task");
-        bool sleeps = false;
-        for (struct dirent *entry; (entry = readdir(tasks)) != NULL && !sleeps;) {
-            if (entry->d_name[0] == '.')
-                continue;
-            char path[300], name[64] = {0};
-            snprintf(path, sizeof path, "/proc/self/task/%s/comm", entry->d_name);
-            FILE *comm = fopen(path, "r");
-            if (comm == NULL)
-                continue;
-            bool watcher =
-                fgets(name, sizeof name, comm) != NULL && strncmp(name, "pinshim-reg", 11) == 0;
-            fclose(comm);
-            if (watcher)
-                sleeps = thread_sleeps((pid_t)atoi(entry->d_name));
-        }
-        closedir(tasks);
-        if (sleeps)
-            return true;
-        sleep_ms(10);
-    }
-    return false;
 }
 
 static int release_queued_in_flight(const char *how)
