@@ -1458,15 +1458,22 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
     return result;
 }
 
-bool engine_is_shim_registration(struct engine *engine, uintptr_t addr)
+/* The state of the record holding addr, or -1 when none does. */
+static int state_at(struct engine *engine, uintptr_t addr)
 {
     if (!engine_may_overlap(engine, addr, addr + 1))
-        return false;
+        return -1;
     pthread_mutex_lock(&engine->mutex);
     struct range_record *record = range_registry_containing(&engine->registry, addr);
-    bool shim = record != NULL && record->state != RANGE_PROGRAM;
+    int state = record != NULL ? record->state : -1;
     pthread_mutex_unlock(&engine->mutex);
-    return shim;
+    return state;
+}
+
+bool engine_is_shim_registration(struct engine *engine, uintptr_t addr)
+{
+    int state = state_at(engine, addr);
+    return state >= 0 && state != RANGE_PROGRAM;
 }
 
 long engine_program_unregister(struct engine *engine, uintptr_t start,
@@ -1711,6 +1718,16 @@ void engine_worker_poke(struct engine *engine)
 
 /* ---- exit and queries ---- */
 
+/* What the statistics report as "at exit": what is live, pending and queued. */
+static void record_exit_counts_locked(struct engine *engine)
+{
+    engine->live_ranges_at_exit = engine->counters.live_ranges;
+    engine->live_bytes_at_exit = engine->counters.live_bytes;
+    engine->pending_ranges_at_exit = engine->pending_ranges;
+    engine->pending_bytes_at_exit = engine->pending_bytes;
+    engine->queued_ranges_at_exit = engine->queued_ranges;
+}
+
 void engine_shutdown(struct engine *engine)
 {
     if (!engine->registry_ok)
@@ -1723,11 +1740,7 @@ void engine_shutdown(struct engine *engine)
      * current call included; nothing new starts after shut_down. */
     uintptr_t start = 0, end = PAGE_INDEX_LIMIT;
     claim_locked(&op, &start, &end, 1, false, false);
-    engine->live_ranges_at_exit = engine->counters.live_ranges;
-    engine->live_bytes_at_exit = engine->counters.live_bytes;
-    engine->pending_ranges_at_exit = engine->pending_ranges;
-    engine->pending_bytes_at_exit = engine->pending_bytes;
-    engine->queued_ranges_at_exit = engine->queued_ranges;
+    record_exit_counts_locked(engine);
     struct release_request request = {0, PAGE_INDEX_LIMIT, RELEASE_EXIT, NULL, false, 0, 0};
     release_locked(&op, &request);
     op_end(&op);
@@ -1763,24 +1776,14 @@ bool engine_note_immediate_exit(struct engine *engine)
         if (!busy || pthread_cond_timedwait(&engine->changed, &engine->mutex, &deadline) != 0)
             break;
     }
-    engine->live_ranges_at_exit = engine->counters.live_ranges;
-    engine->live_bytes_at_exit = engine->counters.live_bytes;
-    engine->pending_ranges_at_exit = engine->pending_ranges;
-    engine->pending_bytes_at_exit = engine->pending_bytes;
-    engine->queued_ranges_at_exit = engine->queued_ranges;
+    record_exit_counts_locked(engine);
     pthread_mutex_unlock(&engine->mutex);
     return true;
 }
 
 bool engine_is_registered(struct engine *engine, uintptr_t addr)
 {
-    if (!engine_may_overlap(engine, addr, addr + 1))
-        return false;
-    pthread_mutex_lock(&engine->mutex);
-    struct range_record *record = range_registry_containing(&engine->registry, addr);
-    bool registered = record != NULL && record->state == RANGE_REGISTERED;
-    pthread_mutex_unlock(&engine->mutex);
-    return registered;
+    return state_at(engine, addr) == RANGE_REGISTERED;
 }
 
 void engine_get_counters(struct engine *engine, struct pinshim_counters *out)
