@@ -130,7 +130,7 @@ enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool fro
 {
     *place = (struct range_place){.device = -1};
     if (!cuda_driver_find(driver))
-        return ENGINE_PLACE_DEFER_IDLE; /* no driver: CUDA is not initialised here */
+        return ENGINE_PLACE_DEFER; /* no driver: CUDA is not initialised here */
     uintptr_t current = 0;
     int error = driver->ctx_get_current(&current);
     if (error == CUDA_DRIVER_NOT_INITIALIZED)

@@ -1581,7 +1581,7 @@ static enum engine_choice place_pending_locked(struct engine *engine)
 {
     struct engine_waiting *head = engine->pending_head;
     engine->pending_head = engine->pending_tail = NULL;
-    enum engine_choice last = ENGINE_PLACE_DEFER_IDLE;
+    enum engine_choice last = ENGINE_PLACE_DEFER;
     while (head != NULL) {
         struct engine_waiting *entry = head;
         head = entry->next;
@@ -1653,7 +1653,6 @@ void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool qu
         }
         if (engine->pending_ranges == 0 || queued_only)
             break;
-        engine->poll_wakeups++;
         enum engine_choice choice = place_pending_locked(engine);
         engine->pending_passes++;
         pthread_cond_broadcast(&engine->changed);

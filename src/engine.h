@@ -41,10 +41,9 @@ enum {
 
 /* Where a registration made now would go. */
 enum engine_choice {
-    ENGINE_PLACE_READY,      /* *place filled in */
-    ENGINE_PLACE_DEFER,      /* no CUDA context in the process yet: look again soon */
-    ENGINE_PLACE_DEFER_IDLE, /* not even a CUDA driver loaded: the same, told apart in logs */
-    ENGINE_PLACE_DISABLED,   /* registration is off for good in this process */
+    ENGINE_PLACE_READY,    /* *place filled in */
+    ENGINE_PLACE_DEFER,    /* no CUDA context (or no driver) in the process yet: look again soon */
+    ENGINE_PLACE_DISABLED, /* registration is off for good in this process */
 };
 
 struct engine_backend {
@@ -212,7 +211,6 @@ struct engine {
     uint64_t pending_bytes;
     bool worker_active;               /* a registration thread runs (or is being started) */
     bool worker_busy;                 /* it is registering a range now */
-    uint64_t poll_wakeups;            /* times the thread looked for a context */
     uint64_t pending_passes;          /* looks finished (engine_drain waits for one) */
     struct pinshim_counters counters; /* guarded by mutex; the fields below are not */
     /* Bumped with relaxed atomics outside the lock, merged by engine_get_counters. */

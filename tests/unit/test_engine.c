@@ -912,7 +912,7 @@ static void *watcher_main(void *unused)
 
 Test(engine, the_watcher_looks_until_the_last_pending_range_goes, .timeout = 30)
 {
-    mock.choice = ENGINE_PLACE_DEFER_IDLE;
+    mock.choice = ENGINE_PLACE_DEFER;
     lock(A(0), 64 * PAGE);
     cr_assert_eq(mock.wakes, 1, "no watcher for a pending range");
     pthread_t watcher;
