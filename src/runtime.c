@@ -348,6 +348,16 @@ static const struct engine_backend cuda_backend = {
     .registered = backend_registered,
 };
 
+/* Whether a CUDA driver is loaded in the process (found before, or now with
+ * RTLD_NOLOAD: nothing is loaded to find out). */
+static bool driver_loaded(void)
+{
+    runtime_guard_enter();
+    bool loaded = driver.found || cuda_driver_is_loaded();
+    runtime_guard_leave();
+    return loaded;
+}
+
 void runtime_notice_cuda_slow(void)
 {
     if (runtime_config.context_mode != CONTEXT_PROGRAM || runtime_guarded())
@@ -361,11 +371,11 @@ void runtime_notice_cuda_slow(void)
                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
     int saved_errno = errno;
-    runtime_guard_enter();
-    bool loaded = driver.found || cuda_driver_is_loaded();
-    if (loaded)
+    if (driver_loaded()) {
+        runtime_guard_enter();
         engine_worker_poke(&runtime_engine);
-    runtime_guard_leave();
+        runtime_guard_leave();
+    }
     errno = saved_errno;
 }
 
@@ -739,12 +749,8 @@ PINSHIM_EXPORT size_t pinshim_drain(void)
 {
     if (!runtime_is_initialized() || runtime_guarded())
         return 0;
-    bool look = false;
-    if (engine_has_pending(&runtime_engine) && runtime_config.context_mode == CONTEXT_PROGRAM) {
-        runtime_guard_enter();
-        look = driver.found || cuda_driver_is_loaded();
-        runtime_guard_leave();
-    }
+    bool look = engine_has_pending(&runtime_engine) &&
+                runtime_config.context_mode == CONTEXT_PROGRAM && driver_loaded();
     return engine_drain(&runtime_engine, look);
 }
 
