@@ -675,6 +675,18 @@ static char never_registered;
  * caller's own dependencies (a library loaded RTLD_LOCAL with its runtime, as
  * PyTorch's are), else a runtime loaded under a known soname. Caches the last
  * answer per caller object. */
+/* name in the object file (a path or soname) if the process has loaded it,
+ * else NULL; loads nothing. */
+static void *symbol_of_loaded(const char *file, const char *name)
+{
+    void *handle = dlopen(file, RTLD_NOW | RTLD_NOLOAD);
+    if (handle == NULL)
+        return NULL;
+    void *symbol = dlsym(handle, name);
+    dlclose(handle); /* drops the reference NOLOAD took */
+    return symbol;
+}
+
 static void *next_runtime_symbol(const char *name, const void *own, const void *caller)
 {
     static pthread_mutex_t cache_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -694,20 +706,10 @@ static void *next_runtime_symbol(const char *name, const void *own, const void *
     pthread_mutex_unlock(&cache_mutex);
     runtime_guard_enter();
     void *symbol = dlsym(RTLD_NEXT, name);
-    if ((symbol == NULL || symbol == own) && have_caller) {
-        void *handle = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
-        if (handle != NULL) {
-            symbol = dlsym(handle, name);
-            dlclose(handle);
-        }
-    }
-    for (int i = 0; (symbol == NULL || symbol == own) && cuda_runtime_sonames[i] != NULL; i++) {
-        void *handle = dlopen(cuda_runtime_sonames[i], RTLD_NOW | RTLD_NOLOAD);
-        if (handle != NULL) {
-            symbol = dlsym(handle, name);
-            dlclose(handle);
-        }
-    }
+    if ((symbol == NULL || symbol == own) && have_caller)
+        symbol = symbol_of_loaded(info.dli_fname, name);
+    for (int i = 0; (symbol == NULL || symbol == own) && cuda_runtime_sonames[i] != NULL; i++)
+        symbol = symbol_of_loaded(cuda_runtime_sonames[i], name);
     runtime_guard_leave();
     if (symbol == own)
         symbol = NULL;
