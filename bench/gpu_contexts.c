@@ -18,6 +18,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "bench_cuda.h"
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -31,15 +33,6 @@
 
 #define BUFFER_BYTES ((size_t)64 << 20)
 #define MAX_DEVICES 64
-
-static int failures;
-
-static void check(bool condition, const char *what, const char *detail)
-{
-    printf("%s %s%s%s\n", condition ? "PASS" : "FAIL", what, detail[0] ? ": " : "", detail);
-    if (!condition)
-        failures++;
-}
 
 /* ---- the worker: a thread that never calls CUDA ---- */
 
@@ -104,7 +97,7 @@ static void check_primary_contexts(int devices, int chosen, char uuids[][48], co
     char detail[512] = "", what[128];
     snprintf(what, sizeof(what), "only device %d has an active primary context (%s)", chosen, when);
     if (get_state == NULL || device_get == NULL) {
-        check(false, what, "libcuda.so.1 not loaded or without cuDevicePrimaryCtxGetState");
+        bench_check(false, what, "libcuda.so.1 not loaded or without cuDevicePrimaryCtxGetState");
         return;
     }
     bool only_chosen = true;
@@ -130,7 +123,7 @@ static void check_primary_contexts(int devices, int chosen, char uuids[][48], co
         snprintf(detail + used, sizeof(detail) - used, "%s%d:%s", used ? " " : "", ordinal,
                  error != CUDA_SUCCESS ? "error" : (active ? "active" : "inactive"));
     }
-    check(only_chosen, what, detail);
+    bench_check(only_chosen, what, detail);
 }
 
 /* The compute-apps lines of this pid, while the buffer is registered. */
@@ -182,19 +175,16 @@ static void check_nvidia_smi(int chosen, const char *chosen_uuid)
              other_gpu, chosen_uuid);
     char what[96];
     snprintf(what, sizeof(what), "nvidia-smi lists this process on device %d only", chosen);
-    check(other_gpu == 0, what, detail);
+    bench_check(other_gpu == 0, what, detail);
 }
 
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int devices = 0;
-    cudaError_t error = cudaGetDeviceCount(&devices);
-    if (error != cudaSuccess || devices == 0) {
-        printf("SKIP no usable CUDA device (%s)\n",
-               error != cudaSuccess ? cudaGetErrorName(error) : "0 devices");
+    int devices = bench_device_count();
+    if (devices == 0)
         return 2;
-    }
+    cudaError_t error;
     if (dlsym(RTLD_DEFAULT, "pinshim_drain") == NULL) {
         printf("FAIL not running under LD_PRELOAD=libpinshim.so (pinshim_drain not found)\n");
         return 3;
@@ -239,8 +229,9 @@ int main(void)
     }
     snprintf(detail, sizeof(detail), "mlock %d, pinshim_drain left %zu range(s) waiting",
              worker.locked, worker.still_waiting);
-    check(worker.locked == 0 && worker.registered == 1,
-          "a worker that never chose a device locked 64 MiB and the shim registered it", detail);
+    bench_check(worker.locked == 0 && worker.registered == 1,
+                "a worker that never chose a device locked 64 MiB and the shim registered it",
+                detail);
 
     static char uuids[MAX_DEVICES][48];
     printf("primary contexts after the worker's lock and drain:\n");
@@ -252,8 +243,8 @@ int main(void)
     snprintf(detail, sizeof(detail), "%s, type %d, device %d", cudaGetErrorName(error),
              (int)attributes.type, attributes.device);
     printf("cudaPointerGetAttributes(buffer): %s\n", detail);
-    check(error == cudaSuccess && attributes.type == cudaMemoryTypeHost,
-          "cudaPointerGetAttributes says registered host memory (type 1)", detail);
+    bench_check(error == cudaSuccess && attributes.type == cudaMemoryTypeHost,
+                "cudaPointerGetAttributes says registered host memory (type 1)", detail);
     /* Printed, not checked: what the runtime reports as the device of portable
      * registered memory is not documented beyond "registered against". */
     printf("INFO cudaPointerGetAttributes device %d; the program's device is %d\n",
@@ -265,6 +256,6 @@ int main(void)
     free(worker.buffer);
     printf("primary contexts at the end:\n");
     check_primary_contexts(devices, chosen, NULL, "at the end");
-    printf("%s: %d check(s) failed\n", failures ? "FAIL" : "PASS", failures);
-    return failures ? 1 : 0;
+    printf("%s: %d check(s) failed\n", bench_failures ? "FAIL" : "PASS", bench_failures);
+    return bench_failures ? 1 : 0;
 }
