@@ -151,6 +151,12 @@ static void run_arm(enum arm arm, size_t bytes, void *device, cudaStream_t strea
             goto failed;
         }
         locked = true;
+        /* Registration is asynchronous by default: the set-up lasts until the
+         * shim has registered the buffer, as a program that needs it pinned
+         * waits (no-op without the shim). */
+        size_t (*drain)(void) = (size_t(*)(void))dlsym(RTLD_DEFAULT, "pinshim_drain");
+        if (drain != NULL)
+            drain();
     } else if (arm == ARM_REGISTER) {
         CUDA_TRY(cudaHostRegister(host, bytes, cudaHostRegisterDefault), row);
         registered = true;

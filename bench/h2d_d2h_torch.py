@@ -65,6 +65,11 @@ class LockedBuffer:
                 self.libc.free(ctypes.c_void_p(self.address))
                 raise OSError(error, "mlock(%d): %s" % (nbytes, os.strerror(error)))
             self.locked = True
+            # Registration is asynchronous by default: wait until the shim has
+            # registered the buffer (nothing to wait for without the shim).
+            drain = getattr(self.libc, "pinshim_drain", None)
+            if drain is not None:
+                drain()
 
     def tensor(self, torch):
         array = (ctypes.c_uint8 * self.nbytes).from_address(self.address)
