@@ -1,0 +1,156 @@
+/* Claims and operations: every entry point claims the pages it will touch,
+ * and claims on overlapping pages wait for each other, so no two operations
+ * interleave on a page. An operation begins holding the engine's mutex,
+ * drops it around each real call and backend call, and ends by dropping its
+ * claim. */
+#include "engine_internal.h"
+
+#include <errno.h>
+
+bool engine_ranges_overlap(uintptr_t a_start, uintptr_t a_end, uintptr_t b_start, uintptr_t b_end)
+{
+    return a_start < b_end && b_start < a_end;
+}
+
+static bool claims_conflict_locked(const struct engine *engine, const uintptr_t *starts,
+                                   const uintptr_t *ends, unsigned count, int ignore_slot)
+{
+    for (int slot = 0; slot < ENGINE_CLAIMS; slot++) {
+        const struct engine_claim *claim = &engine->claims[slot];
+        if (claim->count == 0 || slot == ignore_slot)
+            continue;
+        for (unsigned i = 0; i < claim->count; i++)
+            for (unsigned j = 0; j < count; j++)
+                if (engine_ranges_overlap(claim->start[i], claim->end[i], starts[j], ends[j]))
+                    return true;
+    }
+    return false;
+}
+
+/* Widens [*start, *end) to the whole records that straddle its ends: a
+ * release registers again the parts of a record outside the range, so it
+ * needs those pages too. */
+static void extend_to_records_locked(struct engine *engine, uintptr_t *start, uintptr_t *end)
+{
+    struct range_record *first = range_registry_containing(&engine->registry, *start);
+    if (first != NULL && first->base < *start)
+        *start = first->base;
+    struct range_record *last = range_registry_containing(&engine->registry, *end - 1);
+    if (last != NULL && last->end > *end)
+        *end = last->end;
+}
+
+/* Waits until no other operation claims any page of the ranges, then claims
+ * them (widened to whole records when extend is set). Returns false, with
+ * nothing claimed, at shut-down when give_up_at_shutdown is set. */
+bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const uintptr_t *ends,
+                         unsigned count, bool extend, bool give_up_at_shutdown)
+{
+    struct engine *engine = op->engine;
+    for (;;) {
+        if (give_up_at_shutdown && engine->shut_down)
+            return false;
+        uintptr_t wanted_start[2], wanted_end[2];
+        for (unsigned i = 0; i < count; i++) {
+            wanted_start[i] = starts[i];
+            wanted_end[i] = ends[i];
+            if (extend)
+                extend_to_records_locked(engine, &wanted_start[i], &wanted_end[i]);
+        }
+        int free_slot = -1;
+        for (int slot = 0; slot < ENGINE_CLAIMS && free_slot < 0; slot++)
+            if (engine->claims[slot].count == 0)
+                free_slot = slot;
+        if (free_slot >= 0 &&
+            !claims_conflict_locked(engine, wanted_start, wanted_end, count, -1)) {
+            struct engine_claim *claim = &engine->claims[free_slot];
+            for (unsigned i = 0; i < count; i++) {
+                claim->start[i] = wanted_start[i];
+                claim->end[i] = wanted_end[i];
+            }
+            claim->count = count;
+            op->slot = free_slot;
+            return true;
+        }
+        pthread_cond_wait(&engine->changed, &engine->mutex);
+    }
+}
+
+/* Adds [start, end) to the op's claim when no other operation claims any of
+ * it; never waits (the op already holds pages). False when it cannot. */
+bool engine_claim_more_locked(struct engine_op *op, uintptr_t start, uintptr_t end)
+{
+    struct engine *engine = op->engine;
+    struct engine_claim *claim = &engine->claims[op->slot];
+    if (claim->count >= 2 || claims_conflict_locked(engine, &start, &end, 1, op->slot))
+        return false;
+    claim->start[claim->count] = start;
+    claim->end[claim->count] = end;
+    claim->count++;
+    return true;
+}
+
+bool engine_op_claims(const struct engine_op *op, uintptr_t start, uintptr_t end)
+{
+    if (op->slot < 0)
+        return false;
+    const struct engine_claim *claim = &op->engine->claims[op->slot];
+    for (unsigned i = 0; i < claim->count; i++)
+        if (claim->start[i] <= start && end <= claim->end[i])
+            return true;
+    return false;
+}
+
+/* ---- operations: begin and end ---- */
+
+/* Cancellation is off for the whole operation: the engine waits on condition
+ * variables (cancellation points that free and munlock must not have), and a
+ * thread cancelled there would die holding the mutex or a claim. */
+void engine_op_begin(struct engine_op *op, struct engine *engine)
+{
+    op->engine = engine;
+    op->slot = -1;
+    op->start_worker = false;
+    op->program_errno = errno;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &op->cancel_state);
+    pthread_mutex_lock(&engine->mutex);
+}
+
+void engine_op_end(struct engine_op *op)
+{
+    struct engine *engine = op->engine;
+    if (op->slot >= 0) {
+        engine->claims[op->slot].count = 0;
+        pthread_cond_broadcast(&engine->changed);
+    }
+    pthread_mutex_unlock(&engine->mutex);
+    if (op->start_worker && engine->backend->wake_worker != NULL)
+        engine->backend->wake_worker(engine->backend->context);
+    int ignored;
+    pthread_setcancelstate(op->cancel_state, &ignored);
+}
+
+/* Runs the real call with the mutex dropped and the program's errno in place;
+ * returns its result and leaves its errno in *call_errno. */
+long engine_op_run(struct engine_op *op, const struct engine_call *call, int *call_errno)
+{
+    pthread_mutex_unlock(&op->engine->mutex);
+    errno = op->program_errno;
+    long result = call->run(call->arguments);
+    *call_errno = errno;
+    pthread_mutex_lock(&op->engine->mutex);
+    return result;
+}
+
+/* Work for the registration thread was added: wake it, or have the op start
+ * one once it has dropped the mutex. */
+void engine_want_worker_locked(struct engine_op *op)
+{
+    struct engine *engine = op->engine;
+    if (engine->worker_active) {
+        pthread_cond_broadcast(&engine->changed);
+        return;
+    }
+    engine->worker_active = true;
+    op->start_worker = true;
+}

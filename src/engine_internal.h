@@ -1,0 +1,181 @@
+/* The engine's rooms share these: the types of a running operation and of a
+ * release, and the steps each room takes from the others. Only the engine's
+ * own files include this header; everyone else uses engine.h.
+ *
+ *   engine_records.c   records, the free path's window and span, state counts
+ *   engine_claims.c    claims on pages and the begin/run/end of an operation
+ *   engine_protocol.c  registering and releasing, and the entry points that
+ *                      lock, map, unlock and free: the protocol in one place
+ *   engine_remap.c     mremap
+ *   engine_program.c   the program's own cudaHostRegister/cudaHostUnregister
+ *   engine_worker.c    the registration thread and the watcher
+ *   engine.c           set-up, fork, exit and the queries
+ *
+ * Every function here named ..._locked runs with the engine's mutex held. */
+#ifndef PINSHIM_ENGINE_INTERNAL_H
+#define PINSHIM_ENGINE_INTERNAL_H
+
+#include "engine.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* An entry of the lists of records waiting for the registration thread. */
+struct engine_waiting {
+    uintptr_t base;
+    struct engine_waiting *next;
+};
+
+/* A piece of a record that a release removed, so a failed call can put it
+ * back, or mremap can move it. */
+struct engine_piece {
+    uintptr_t start, end, lock_start, lock_end;
+    struct range_place place;
+    uint8_t state; /* RANGE_REGISTERED, QUEUED, PENDING or PROGRAM before the release */
+    uint8_t program_locked;
+    struct engine_piece *next;
+};
+
+struct engine_ticket {
+    struct engine_piece *head;
+};
+
+/* One running entry point: its claim, its cancellation state, the errno the
+ * program had, and whether it must start the registration thread. */
+struct engine_op {
+    struct engine *engine;
+    int slot;
+    int cancel_state;
+    int program_errno;
+    bool start_worker;
+};
+
+/* What a release asks for. */
+struct release_request {
+    uintptr_t start, end; /* pages */
+    enum release_reason reason;
+    struct engine_ticket *ticket; /* NULL: nothing will be put back */
+    /* free/realloc: the block's bytes, for the rule on shared pages */
+    bool block;
+    uintptr_t block_start, block_end;
+};
+
+/* ---- small helpers ---- */
+
+static inline uintptr_t engine_max_address(uintptr_t a, uintptr_t b)
+{
+    return a > b ? a : b;
+}
+
+static inline uintptr_t engine_min_address(uintptr_t a, uintptr_t b)
+{
+    return a < b ? a : b;
+}
+
+static inline uintptr_t engine_page_floor(const struct engine *engine, uintptr_t addr)
+{
+    return addr & ~(engine->options.page_size - 1);
+}
+
+/* Rounds up; an address in the last page rounds to the highest page boundary
+ * below the index's limit (such pages are refused earlier). */
+static inline uintptr_t engine_page_ceil(const struct engine *engine, uintptr_t addr)
+{
+    uintptr_t mask = engine->options.page_size - 1;
+    uintptr_t rounded = (addr + mask) & ~mask;
+    return rounded < addr ? UINTPTR_MAX & ~mask : rounded;
+}
+
+/* The pages [*start, *end) of the byte range [addr, addr + length); false when
+ * they reach above the indexed address space. */
+static inline bool engine_byte_range_pages(const struct engine *engine, uintptr_t addr,
+                                           size_t length, uintptr_t *start, uintptr_t *end)
+{
+    uintptr_t last = addr + length;
+    if (last < addr)
+        last = UINTPTR_MAX;
+    *start = engine_page_floor(engine, addr);
+    *end = engine_page_ceil(engine, last);
+    return *end <= PAGE_INDEX_LIMIT && *start < *end;
+}
+
+/* Whether the engine keeps registrations (set up, not shut down). */
+static inline bool engine_active(struct engine *engine)
+{
+    return engine->registry_ok && !__atomic_load_n(&engine->shut_down, __ATOMIC_RELAXED);
+}
+
+/* The real call alone, outside the protocol. */
+static inline long engine_run_plain(const struct engine_call *call)
+{
+    return call->run(call->arguments);
+}
+
+/* ---- records (engine_records.c) ---- */
+
+/* Keeps the queued and pending counts and lists in step with a record
+ * entering (sign 1) or leaving (-1) its state. */
+void engine_account_state_locked(struct engine *engine, const struct range_record *record,
+                                 int sign);
+void engine_set_state_locked(struct engine *engine, struct range_record *record,
+                             enum range_state state);
+/* Inserts a copy of record (which overlaps none); NULL when out of memory. */
+struct range_record *engine_insert_record_locked(struct engine *engine,
+                                                 const struct range_record *record);
+void engine_remove_record_locked(struct engine *engine, uintptr_t base);
+/* Splits the record at base so that one record covers exactly [start, end)
+ * and returns it; NULL when out of memory (nothing changed). */
+struct range_record *engine_isolate_locked(struct engine *engine, uintptr_t base, uintptr_t start,
+                                           uintptr_t end);
+struct engine_waiting *engine_waiting_pop_locked(struct engine_waiting **head,
+                                                 struct engine_waiting **tail);
+
+/* ---- claims and operations (engine_claims.c) ---- */
+
+bool engine_ranges_overlap(uintptr_t a_start, uintptr_t a_end, uintptr_t b_start, uintptr_t b_end);
+/* Waits until no other operation claims any page of the ranges (count: 1 or
+ * 2), then claims them, widened to whole records when extend is set. False,
+ * with nothing claimed, at shut-down when give_up_at_shutdown is set. */
+bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const uintptr_t *ends,
+                         unsigned count, bool extend, bool give_up_at_shutdown);
+/* Adds [start, end) to the op's claim when no other operation claims any of
+ * it; never waits. */
+bool engine_claim_more_locked(struct engine_op *op, uintptr_t start, uintptr_t end);
+bool engine_op_claims(const struct engine_op *op, uintptr_t start, uintptr_t end);
+/* An operation: begin takes the mutex (cancellation off), run drops it around
+ * the real call, end drops the claim and the mutex and starts the
+ * registration thread when the op asked for it. */
+void engine_op_begin(struct engine_op *op, struct engine *engine);
+void engine_op_end(struct engine_op *op);
+long engine_op_run(struct engine_op *op, const struct engine_call *call, int *call_errno);
+/* Work for the registration thread was added. */
+void engine_want_worker_locked(struct engine_op *op);
+
+/* ---- registering and releasing (engine_protocol.c) ---- */
+
+/* The record at base is REGISTERING: makes the backend call (the mutex
+ * dropped; the caller's claim covers the record) and records the outcome. */
+void engine_register_record_locked(struct engine *engine, uintptr_t base, bool on_worker);
+/* Adds records for the pages of [start, end) that no record covers. */
+void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
+                             uintptr_t lock_start, uintptr_t lock_end, enum engine_choice choice,
+                             const struct range_place *place);
+/* Releases every record overlapping request's pages. */
+void engine_release_locked(struct engine_op *op, const struct release_request *request);
+/* Registers again the ticket's pieces clipped to [clip_start, clip_end) (only
+ * those still mapped when only_mapped), then empties the ticket. */
+void engine_restore_locked(struct engine_op *op, struct engine_ticket *ticket, uintptr_t clip_start,
+                           uintptr_t clip_end, bool only_mapped);
+void engine_ticket_discard_locked(struct engine *engine, struct engine_ticket *ticket);
+
+/* ---- the program's own registrations (engine_program.c) ---- */
+
+/* [start, end) is locked now: the program's registrations there are marked
+ * to be taken back when the program unregisters them. */
+void engine_mark_program_locked_locked(struct engine *engine, uintptr_t start, uintptr_t end);
+/* The state of the record holding addr, or -1 when none does. */
+int engine_state_at(struct engine *engine, uintptr_t addr);
+
+#endif

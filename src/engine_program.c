@@ -1,0 +1,177 @@
+/* The program's own registrations: cudaHostRegister and cudaHostUnregister
+ * that the program (or its framework) calls itself. The pages become the
+ * program's while it holds them registered, and the shim's again after. */
+#include "engine_internal.h"
+
+#include <errno.h>
+
+/* [start, end) is locked now: the parts of the program's own registrations
+ * there are marked, to be taken back when the program unregisters them (the
+ * registry, kept equal to what is locked, answers; no /proc read). */
+void engine_mark_program_locked_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    uintptr_t cursor = start;
+    while (cursor < end) {
+        struct range_record *record = range_registry_first_overlap(&engine->registry, cursor, end);
+        if (record == NULL)
+            return;
+        cursor = record->end;
+        if (record->state != RANGE_PROGRAM || record->program_locked)
+            continue;
+        struct range_record *part =
+            engine_isolate_locked(engine, record->base, engine_max_address(record->base, start),
+                                  engine_min_address(record->end, end));
+        if (part != NULL)
+            part->program_locked = 1;
+    }
+}
+
+long engine_program_register(struct engine *engine, uintptr_t start, size_t length,
+                             const struct engine_call *call)
+{
+    uintptr_t pages_start, pages_end;
+    if (!engine_active(engine) || length == 0 ||
+        !engine_byte_range_pages(engine, start, length, &pages_start, &pages_end))
+        return engine_run_plain(call);
+    struct engine_op op;
+    engine_op_begin(&op, engine);
+    engine_claim_locked(&op, &pages_start, &pages_end, 1, true, false);
+    /* Every page the program's range touches becomes the program's: the
+     * shim's registrations there go (the parts outside are registered again),
+     * queued and pending ones are dropped, before the program's call. */
+    struct engine_ticket ticket = {0};
+    struct release_request request = {pages_start, pages_end, RELEASE_PROGRAM, &ticket, false,
+                                      0,           0};
+    engine_release_locked(&op, &request);
+    int call_errno;
+    long result = engine_op_run(&op, call, &call_errno);
+    if (result == ENGINE_CUDA_SUCCESS) {
+        engine->program_registrations++;
+        struct range_registry *registry = &engine->registry;
+        uintptr_t cursor = pages_start;
+        while (cursor < pages_end) {
+            uintptr_t gap_start, gap_end = pages_end;
+            if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor, pages_end,
+                                      &gap_start))
+                break;
+            if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start, pages_end,
+                                      &gap_end))
+                gap_end = pages_end;
+            struct range_record record = {.base = gap_start,
+                                          .end = gap_end,
+                                          .lock_start = start,
+                                          .lock_end = start + length,
+                                          .place = {.device = -1},
+                                          .state = RANGE_PROGRAM};
+            if (engine_insert_record_locked(engine, &record) == NULL)
+                break; /* out of memory: a later lock there gets 712, counted */
+            cursor = gap_end;
+        }
+        /* What the shim held there was locked, and still is. */
+        for (struct engine_piece *piece = ticket.head; piece != NULL; piece = piece->next)
+            if (piece->state != RANGE_PROGRAM || piece->program_locked)
+                engine_mark_program_locked_locked(engine,
+                                                  engine_max_address(piece->start, pages_start),
+                                                  engine_min_address(piece->end, pages_end));
+        engine_ticket_discard_locked(engine, &ticket);
+    } else {
+        engine_restore_locked(&op, &ticket, 0, UINTPTR_MAX, false);
+    }
+    engine_op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+/* The state of the record holding addr, or -1 when none does. */
+int engine_state_at(struct engine *engine, uintptr_t addr)
+{
+    if (!engine_may_overlap(engine, addr, addr + 1))
+        return -1;
+    pthread_mutex_lock(&engine->mutex);
+    struct range_record *record = range_registry_containing(&engine->registry, addr);
+    int state = record != NULL ? record->state : -1;
+    pthread_mutex_unlock(&engine->mutex);
+    return state;
+}
+
+bool engine_is_shim_registration(struct engine *engine, uintptr_t addr)
+{
+    int state = engine_state_at(engine, addr);
+    return state >= 0 && state != RANGE_PROGRAM;
+}
+
+long engine_program_unregister(struct engine *engine, uintptr_t start,
+                               const struct engine_call *call)
+{
+    uintptr_t page = engine_page_floor(engine, start);
+    if (!engine_active(engine) || page >= PAGE_INDEX_LIMIT ||
+        !engine_may_overlap(engine, page, page + engine->options.page_size))
+        return engine_run_plain(call);
+    struct engine_op op;
+    engine_op_begin(&op, engine);
+    uintptr_t claim_start = page, claim_end = page + engine->options.page_size;
+    engine_claim_locked(&op, &claim_start, &claim_end, 1, true, false);
+    struct range_record *record = range_registry_containing(&engine->registry, start);
+    struct range_record program = {0};
+    uintptr_t whole_start = 0, whole_end = 0;
+    if (record != NULL && record->state == RANGE_PROGRAM) {
+        program = *record;
+        /* One registration may be several records (the parts the program
+         * holds locked are apart): claim all of them. */
+        whole_start = engine_page_floor(engine, program.lock_start);
+        whole_end = engine_page_ceil(engine, program.lock_end);
+        if (!engine_op_claims(&op, whole_start, whole_end)) {
+            engine->claims[op.slot].count = 0;
+            pthread_cond_broadcast(&engine->changed);
+            op.slot = -1;
+            engine_claim_locked(&op, &whole_start, &whole_end, 1, true, false);
+            record = range_registry_containing(&engine->registry, start);
+            if (record == NULL || record->state != RANGE_PROGRAM ||
+                record->lock_start != program.lock_start || record->lock_end != program.lock_end)
+                program.base = 0;
+        }
+    }
+    int call_errno;
+    long result = engine_op_run(&op, call, &call_errno);
+    if (result == ENGINE_CUDA_SUCCESS && program.base != 0) {
+        engine->program_unregistrations++;
+        /* The records of this registration go; the parts the program still
+         * holds locked are the shim's again (queued when registration is
+         * asynchronous, so that an unlock right after costs no CUDA call). */
+        bool place_chosen = false, took_back = false;
+        enum engine_choice choice = ENGINE_PLACE_DISABLED;
+        struct range_place place = {.device = -1};
+        uintptr_t cursor = whole_start;
+        while (cursor < whole_end) {
+            struct range_record *next =
+                range_registry_first_overlap(&engine->registry, cursor, whole_end);
+            if (next == NULL)
+                break;
+            uintptr_t base = next->base, end = next->end;
+            cursor = end;
+            if (next->state != RANGE_PROGRAM || next->lock_start != program.lock_start ||
+                next->lock_end != program.lock_end)
+                continue;
+            bool locked = next->program_locked;
+            engine_remove_record_locked(engine, base);
+            if (!locked)
+                continue;
+            if (!place_chosen) {
+                /* The calling thread's context: the program's, as it has
+                 * just unregistered through it. */
+                pthread_mutex_unlock(&engine->mutex);
+                choice =
+                    engine->backend->choose_place(engine->backend->context, false, NULL, &place);
+                pthread_mutex_lock(&engine->mutex);
+                place_chosen = true;
+            }
+            engine_add_range_locked(&op, base, end, base, end, choice, &place);
+            took_back = true;
+        }
+        if (took_back)
+            engine->program_took_back++;
+    }
+    engine_op_end(&op);
+    errno = call_errno;
+    return result;
+}

@@ -1,0 +1,655 @@
+/* The protocol: how a lock registers, how an unlock, unmap or free releases,
+ * and how a failed call puts back what it took. Each entry point below
+ * claims its pages, releases what must go before the real call, runs it,
+ * registers or restores what the outcome asks for, and ends. */
+#include "engine_internal.h"
+
+#include "log.h"
+
+#include <errno.h>
+#include <time.h>
+
+static uint64_t now_nanoseconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static const char *error_name(struct engine *engine, int error)
+{
+    const char *name = NULL;
+    if (engine->backend->error_name != NULL)
+        name = engine->backend->error_name(engine->backend->context, error);
+    return name != NULL ? name : "unknown CUDA error";
+}
+
+static const char *call_name(struct engine *engine, bool unregister)
+{
+    const char *name = NULL;
+    if (engine->backend->call_name != NULL)
+        name = engine->backend->call_name(engine->backend->context, unregister);
+    return name != NULL ? name : unregister ? "unregister" : "register";
+}
+
+/* Counts error and tells whether this is its first occurrence for the operation. */
+static bool note_error(struct engine *engine, int error, uint32_t *warned)
+{
+    for (size_t i = 0; i < ENGINE_ERROR_SLOTS; i++) {
+        struct engine_error_count *slot = &engine->errors[i];
+        if (slot->count == 0 || slot->code == error) {
+            slot->code = error;
+            slot->count++;
+            bool first = !warned[i];
+            warned[i] = 1;
+            return first;
+        }
+    }
+    return false; /* table full: counted nowhere, never warned again */
+}
+
+/* ---- registering ---- */
+
+static void count_device_locked(struct engine *engine, const struct range_place *place,
+                                uint64_t bytes)
+{
+    if (place->device >= 0 && place->device < ENGINE_MAX_DEVICES) {
+        engine->devices[place->device].registrations++;
+        engine->devices[place->device].bytes += bytes;
+    }
+}
+
+/* The record at base is REGISTERING: makes the backend call with the mutex
+ * dropped (the caller's claim covers the record) and records the outcome. */
+void engine_register_record_locked(struct engine *engine, uintptr_t base, bool on_worker)
+{
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    struct range_place place = record->place;
+    size_t length = record->end - record->base;
+
+    pthread_mutex_unlock(&engine->mutex);
+    uint64_t began = now_nanoseconds();
+    int error =
+        engine->backend->register_range(engine->backend->context, &place, (void *)base, length);
+    if (error == ENGINE_CUDA_SUCCESS && engine->backend->registered != NULL)
+        engine->backend->registered(engine->backend->context, base, base + length, true);
+    uint64_t took = now_nanoseconds() - began;
+    pthread_mutex_lock(&engine->mutex);
+
+    record = range_registry_find(&engine->registry, base);
+    struct pinshim_counters *counters = &engine->counters;
+    counters->register_nanoseconds += took;
+    if (on_worker)
+        engine->background_nanoseconds += took;
+    else
+        engine->wait_nanoseconds += took;
+    if (error == ENGINE_CUDA_SUCCESS) {
+        record->state = RANGE_REGISTERED;
+        record->place = place;
+        counters->register_ok++;
+        counters->register_bytes += length;
+        counters->live_ranges++;
+        counters->live_bytes += length;
+        if (counters->live_bytes > counters->peak_bytes)
+            counters->peak_bytes = counters->live_bytes;
+        count_device_locked(engine, &place, length);
+        log_info("registered %#lx + %lu bytes on device %d in %.3f ms%s", (unsigned long)base,
+                 (unsigned long)length, (int)place.device, (double)took / 1e6,
+                 on_worker ? " (in the background)" : "");
+    } else if (error == ENGINE_CUDA_NO_CONTEXT) {
+        /* The context it was meant for went away: wait for one. */
+        engine->deferred_total++;
+        engine_set_state_locked(engine, record, RANGE_PENDING);
+    } else {
+        engine_remove_record_locked(engine, base);
+        bool first = note_error(engine, error, engine->warned_register);
+        if (error == ENGINE_CUDA_ALREADY_REGISTERED) {
+            /* The program or its framework registered it: not ours to unregister. */
+            counters->register_already_registered++;
+            log_info("%#lx + %lu bytes are already registered by the program; left alone",
+                     (unsigned long)base, (unsigned long)length);
+        } else {
+            counters->register_failed++;
+            if (first)
+                log_warn("%s(%#lx, %lu) failed: %s (%d); the range stays "
+                         "mlocked only; further %s failures are counted, not logged",
+                         call_name(engine, false), (unsigned long)base, (unsigned long)length,
+                         error_name(engine, error), error, error_name(engine, error));
+        }
+    }
+    pthread_cond_broadcast(&engine->changed);
+}
+
+/* Adds records for the pages of [start, end) that no record covers, in
+ * chunks of at most max_registration_bytes: registered at once, queued for
+ * the registration thread, or pending until the process has a context, as
+ * choice and the options say. The op's claim covers [start, end). */
+void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
+                             uintptr_t lock_start, uintptr_t lock_end, enum engine_choice choice,
+                             const struct range_place *place)
+{
+    struct engine *engine = op->engine;
+    struct range_registry *registry = &engine->registry;
+    if (choice == ENGINE_PLACE_DISABLED || engine->shut_down)
+        return;
+    if (engine->program_registrations != 0)
+        engine_mark_program_locked_locked(engine, start, end);
+    uint64_t chunk = engine->options.max_registration_bytes;
+    if (chunk < engine->options.page_size)
+        chunk = engine->options.page_size;
+    chunk &= ~(uint64_t)(engine->options.page_size - 1);
+    uintptr_t cursor = start;
+    while (cursor < end && !engine->shut_down) {
+        uintptr_t gap_start, gap_end = end;
+        if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor, end,
+                                  &gap_start))
+            break;
+        if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start, end,
+                                  &gap_end))
+            gap_end = end;
+        if (gap_end - gap_start > chunk)
+            gap_end = gap_start + chunk;
+        cursor = gap_end;
+
+        struct range_record record = {
+            .base = gap_start,
+            .end = gap_end,
+            .lock_start = lock_start,
+            .lock_end = lock_end,
+            .place = *place,
+        };
+        bool deferred = choice != ENGINE_PLACE_READY;
+        if (deferred)
+            record.state = RANGE_PENDING;
+        else if (engine->options.asynchronous && !(place->flags & RANGE_PLACE_THREAD_CONTEXT))
+            record.state = RANGE_QUEUED;
+        else
+            record.state = RANGE_REGISTERING;
+        if (engine_insert_record_locked(engine, &record) == NULL) {
+            engine->counters.register_failed++;
+            log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",
+                     (unsigned long)gap_start, (unsigned long)(gap_end - gap_start));
+            return;
+        }
+        if (deferred) {
+            engine->deferred_total++;
+            engine_want_worker_locked(op); /* the watcher */
+        } else if (record.state == RANGE_QUEUED) {
+            engine_want_worker_locked(op);
+        } else {
+            engine_register_record_locked(engine, gap_start, false);
+        }
+    }
+}
+
+/* ---- releasing ---- */
+
+static void ticket_add_locked(struct engine *engine, struct engine_ticket *ticket,
+                              const struct range_record *record, uintptr_t start, uintptr_t end,
+                              uint8_t state)
+{
+    if (ticket == NULL)
+        return;
+    struct engine_piece *piece = node_pool_get(&engine->piece_pool);
+    if (piece == NULL) {
+        log_warn("out of memory recording %#lx + %lu bytes; they will not be registered again "
+                 "if the call fails",
+                 (unsigned long)start, (unsigned long)(end - start));
+        return;
+    }
+    piece->start = start;
+    piece->end = end;
+    piece->lock_start = record->lock_start;
+    piece->lock_end = record->lock_end;
+    piece->place = record->place;
+    piece->state = state;
+    piece->program_locked = record->program_locked;
+    piece->next = ticket->head;
+    ticket->head = piece;
+}
+
+void engine_ticket_discard_locked(struct engine *engine, struct engine_ticket *ticket)
+{
+    while (ticket->head != NULL) {
+        struct engine_piece *piece = ticket->head;
+        ticket->head = piece->next;
+        node_pool_put(&engine->piece_pool, piece);
+    }
+}
+
+static uint64_t *reason_counter(struct pinshim_counters *counters, enum release_reason reason)
+{
+    switch (reason) {
+    case RELEASE_MUNLOCK:
+        return &counters->unregister_munlock;
+    case RELEASE_FREE:
+        return &counters->unregister_free;
+    case RELEASE_REALLOC:
+        return &counters->unregister_realloc;
+    case RELEASE_MUNMAP:
+        return &counters->unregister_munmap;
+    case RELEASE_MREMAP:
+        return &counters->unregister_mremap;
+    case RELEASE_MMAP_FIXED:
+        return &counters->unregister_mmap_fixed;
+    case RELEASE_PROGRAM:
+        return &counters->unregister_program;
+    case RELEASE_EXIT:
+    case RELEASE_REASON_COUNT:
+        break;
+    }
+    return &counters->unregister_exit;
+}
+
+/* Unregisters the REGISTERED record at base (the mutex dropped around the
+ * call) and counts it; returns the backend's answer. The record stays, in
+ * state UNREGISTERING, for the caller to cut. */
+static int unregister_record_locked(struct engine *engine, uintptr_t base,
+                                    enum release_reason reason, bool on_worker)
+{
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    record->state = RANGE_UNREGISTERING;
+    struct range_place place = record->place;
+    size_t length = record->end - record->base;
+
+    pthread_mutex_unlock(&engine->mutex);
+    uint64_t began = now_nanoseconds();
+    if (engine->backend->registered != NULL)
+        engine->backend->registered(engine->backend->context, base, base + length, false);
+    int error = engine->backend->unregister_range(engine->backend->context, &place, (void *)base);
+    uint64_t took = now_nanoseconds() - began;
+    pthread_mutex_lock(&engine->mutex);
+
+    struct pinshim_counters *counters = &engine->counters;
+    counters->unregister_nanoseconds += took;
+    if (on_worker)
+        engine->background_nanoseconds += took;
+    else
+        engine->wait_nanoseconds += took;
+    counters->live_ranges--;
+    counters->live_bytes -= length;
+    (*reason_counter(counters, reason))++;
+    if (error == ENGINE_CUDA_SUCCESS) {
+        counters->unregister_ok++;
+        log_info("unregistered %#lx + %lu bytes in %.3f ms", (unsigned long)base,
+                 (unsigned long)length, (double)took / 1e6);
+    } else if (reason == RELEASE_EXIT && error == ENGINE_CUDA_DEINITIALIZED) {
+        /* The runtime tore itself down first; the kernel drops the pins. */
+        engine->exit_unloading++;
+        note_error(engine, error, engine->warned_unregister);
+    } else if (error == ENGINE_CUDA_NOT_REGISTERED) {
+        /* Gone already: with its context (destroyed by the program), or
+         * unregistered by the program through a path the shim cannot see. */
+        engine->gone_with_context++;
+        note_error(engine, error, engine->warned_unregister);
+        log_info("%#lx was no longer registered (its context was destroyed, or the program "
+                 "unregistered it itself)",
+                 (unsigned long)base);
+    } else {
+        counters->unregister_failed++;
+        if (note_error(engine, error, engine->warned_unregister))
+            log_warn("%s(%#lx) failed: %s (%d); further %s failures are "
+                     "counted, not logged",
+                     call_name(engine, true), (unsigned long)base, error_name(engine, error), error,
+                     error_name(engine, error));
+    }
+    return error;
+}
+
+/* A part of a record left outside a release, after the record's
+ * registration was undone: registered again (now, or by the registration
+ * thread), since CUDA cannot unregister part of a registration. */
+static void reregister_part_locked(struct engine_op *op, uintptr_t base)
+{
+    struct engine *engine = op->engine;
+    struct range_record *part = range_registry_find(&engine->registry, base);
+    bool asynchronous =
+        engine->options.asynchronous && !(part->place.flags & RANGE_PLACE_THREAD_CONTEXT);
+    engine_set_state_locked(engine, part, asynchronous ? RANGE_QUEUED : RANGE_REGISTERING);
+    if (asynchronous)
+        engine_want_worker_locked(op);
+    else
+        engine_register_record_locked(engine, base, false);
+}
+
+/* Releases the part [start, end) of the record at base. */
+static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t start,
+                                uintptr_t end, const struct release_request *request)
+{
+    struct engine *engine = op->engine;
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    uint8_t state = record->state;
+    if (state == RANGE_PENDING || state == RANGE_QUEUED || state == RANGE_PROGRAM) {
+        /* Nothing was registered by the shim: no CUDA call. */
+        struct range_record *part = engine_isolate_locked(engine, base, start, end);
+        if (part == NULL) {
+            log_warn("out of memory splitting a record; %#lx + %lu bytes are forgotten",
+                     (unsigned long)base, (unsigned long)(record->end - base));
+            part = range_registry_find(&engine->registry, base);
+            start = part->base;
+            end = part->end;
+        }
+        if (request->reason != RELEASE_EXIT && state == RANGE_PENDING)
+            engine->dropped_pending++;
+        else if (request->reason != RELEASE_EXIT && state == RANGE_QUEUED)
+            engine->cancelled_queued++;
+        ticket_add_locked(engine, request->ticket, part, start, end, state);
+        engine_remove_record_locked(engine, start);
+        return;
+    }
+    /* RANGE_REGISTERED (claims keep the in-flight states away). Split first,
+     * while nothing is in flight, so the remainder keeps its pages marked. */
+    uintptr_t whole_start = record->base, whole_end = record->end;
+    struct range_record saved = *record;
+    if (!range_registry_reserve(&engine->registry, 2)) {
+        start = whole_start; /* cannot split: the whole registration goes */
+        end = whole_end;
+    }
+    int error = unregister_record_locked(engine, base, request->reason, false);
+    bool can_reregister = error == ENGINE_CUDA_SUCCESS || error == ENGINE_CUDA_NOT_REGISTERED;
+    if (!can_reregister || request->reason == RELEASE_EXIT) {
+        /* The runtime may still hold it: registering parts again would
+         * overlap. Forget the whole registration. */
+        engine_remove_record_locked(engine, base);
+        return;
+    }
+    ticket_add_locked(engine, request->ticket, &saved, start, end, RANGE_REGISTERED);
+    struct range_record *part = engine_isolate_locked(engine, base, start, end);
+    /* isolate cannot fail here: room was reserved. */
+    engine_remove_record_locked(engine, part->base);
+    if (whole_start < start)
+        reregister_part_locked(op, whole_start);
+    if (end < whole_end)
+        reregister_part_locked(op, end);
+}
+
+/* Releases every record overlapping request's pages (for a block: as the
+ * block rule says). The op's claim covers them and the records around. */
+void engine_release_locked(struct engine_op *op, const struct release_request *request)
+{
+    struct engine *engine = op->engine;
+    uintptr_t cursor = request->start;
+    uintptr_t page = engine->options.page_size;
+    while (cursor < request->end) {
+        struct range_record *record =
+            range_registry_first_overlap(&engine->registry, cursor, request->end);
+        if (record == NULL)
+            break;
+        uintptr_t base = record->base, record_end = record->end;
+        uintptr_t start = engine_max_address(base, request->start);
+        uintptr_t end = engine_min_address(record_end, request->end);
+        cursor = record_end;
+        if (record->state == RANGE_PROGRAM &&
+            (request->reason == RELEASE_MUNLOCK || request->reason == RELEASE_EXIT ||
+             request->reason == RELEASE_PROGRAM)) {
+            /* The program's registration does not depend on the lock; the
+             * unlocked pages are no longer to be taken back when the program
+             * unregisters (should munlock fail, they stay unmarked: no
+             * take-back, never a registration of unlocked memory). */
+            if (request->reason == RELEASE_MUNLOCK && record->program_locked) {
+                struct range_record *part = engine_isolate_locked(engine, base, start, end);
+                if (part != NULL)
+                    part->program_locked = 0;
+            }
+            continue;
+        }
+        if (request->block && !engine_ranges_overlap(record->lock_start, record->lock_end,
+                                                     request->block_start, request->block_end)) {
+            /* Registered for other memory: only the pages the block covers
+             * whole can go back to the allocator; a page it shares with a
+             * live neighbour cannot. */
+            uintptr_t inner_start = (request->block_start + page - 1) & ~(page - 1);
+            uintptr_t inner_end = request->block_end & ~(page - 1);
+            start = engine_max_address(start, inner_start);
+            end = engine_min_address(end, inner_end);
+            if (start >= end)
+                continue;
+        }
+        release_part_locked(op, base, start, end, request);
+    }
+}
+
+/* Registers again (or queues, or keeps pending) the ticket's pieces, clipped
+ * to [clip_start, clip_end); only the parts is_wanted accepts when given. */
+void engine_restore_locked(struct engine_op *op, struct engine_ticket *ticket, uintptr_t clip_start,
+                           uintptr_t clip_end, bool only_mapped)
+{
+    struct engine *engine = op->engine;
+    for (struct engine_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
+        uintptr_t start = engine_max_address(piece->start, clip_start);
+        uintptr_t end = engine_min_address(piece->end, clip_end);
+        if (start >= end)
+            continue;
+        if (only_mapped && engine->backend->is_mapped != NULL &&
+            !engine->backend->is_mapped(engine->backend->context, start, end))
+            continue;
+        if (piece->state == RANGE_PROGRAM) {
+            /* The call failed: the memory, and the program's registration of
+             * it, are still there. */
+            struct range_record record = {.base = start,
+                                          .end = end,
+                                          .lock_start = piece->lock_start,
+                                          .lock_end = piece->lock_end,
+                                          .place = piece->place,
+                                          .state = RANGE_PROGRAM,
+                                          .program_locked = piece->program_locked};
+            engine_insert_record_locked(engine, &record);
+            continue;
+        }
+        enum engine_choice choice =
+            piece->state == RANGE_PENDING ? ENGINE_PLACE_DEFER : ENGINE_PLACE_READY;
+        engine_add_range_locked(op, start, end, piece->lock_start, piece->lock_end, choice,
+                                &piece->place);
+    }
+    engine_ticket_discard_locked(engine, ticket);
+}
+
+/* ---- entry points ---- */
+
+struct onfault_context {
+    struct engine_op *op;
+    uintptr_t lock_start, lock_end;
+    enum engine_choice choice;
+    const struct range_place *place;
+    uint64_t resident_pages;
+};
+
+static void register_resident_part(void *context, uintptr_t start, uintptr_t end)
+{
+    struct onfault_context *onfault = context;
+    struct engine *engine = onfault->op->engine;
+    onfault->resident_pages += (end - start) / engine->options.page_size;
+    pthread_mutex_lock(&engine->mutex);
+    engine_add_range_locked(onfault->op, start, end, onfault->lock_start, onfault->lock_end,
+                            onfault->choice, onfault->place);
+    pthread_mutex_unlock(&engine->mutex);
+}
+
+long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned flags,
+                 const struct engine_call *call)
+{
+    if (!engine_active(engine))
+        return engine_run_plain(call);
+    if (length < engine->options.min_bytes) {
+        engine_count(&engine->skipped_small);
+        return engine_run_plain(call);
+    }
+    uintptr_t start, end;
+    if (!engine_byte_range_pages(engine, addr, length, &start, &end)) {
+        engine_count(&engine->skipped_address);
+        return engine_run_plain(call);
+    }
+    bool onfault = (flags & ENGINE_LOCK_ONFAULT) != 0;
+    if (onfault && engine->options.onfault == ENGINE_ONFAULT_SKIP) {
+        __atomic_fetch_add(&engine->skipped_onfault_pages,
+                           (end - start) / engine->options.page_size, __ATOMIC_RELAXED);
+        return engine_run_plain(call);
+    }
+
+    struct engine_op op;
+    engine_op_begin(&op, engine);
+    engine_claim_locked(&op, &start, &end, 1, false, false);
+    int call_errno;
+    long result = engine_op_run(&op, call, &call_errno);
+    if (result == 0 && !engine->shut_down) {
+        pthread_mutex_unlock(&engine->mutex);
+        struct range_place place = {.device = -1};
+        enum engine_choice choice =
+            engine->backend->choose_place(engine->backend->context, false, NULL, &place);
+        if (choice == ENGINE_PLACE_DISABLED) {
+            engine_count(&engine->skipped_disabled);
+        } else if (onfault && engine->options.onfault == ENGINE_ONFAULT_RESIDENT &&
+                   engine->backend->resident_parts != NULL) {
+            /* Only what is resident: registering faults pages in, and
+             * MLOCK_ONFAULT asked to keep resident only what is touched. */
+            struct onfault_context context = {&op, addr, addr + length, choice, &place, 0};
+            engine->backend->resident_parts(engine->backend->context, start, end,
+                                            register_resident_part, &context);
+            __atomic_fetch_add(&engine->skipped_onfault_pages,
+                               (end - start) / engine->options.page_size - context.resident_pages,
+                               __ATOMIC_RELAXED);
+        } else {
+            pthread_mutex_lock(&engine->mutex);
+            engine_add_range_locked(&op, start, end, addr, addr + length, choice, &place);
+            pthread_mutex_unlock(&engine->mutex);
+        }
+        pthread_mutex_lock(&engine->mutex);
+    }
+    engine_op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, bool replaces,
+                bool locks, const struct engine_call *call)
+{
+    uintptr_t start = 0, end = 0;
+    if (!engine_active(engine) ||
+        (replaces && !engine_byte_range_pages(engine, fixed_start, length, &start, &end)))
+        return engine_run_plain(call);
+    if (replaces && !locks && !engine_may_overlap(engine, start, end))
+        return engine_run_plain(call);
+    struct engine_op op;
+    engine_op_begin(&op, engine);
+    struct engine_ticket ticket = {0};
+    if (replaces) {
+        engine_claim_locked(&op, &start, &end, 1, true, false);
+        struct release_request request = {start, end, RELEASE_MMAP_FIXED, &ticket, false, 0, 0};
+        engine_release_locked(&op, &request);
+    }
+    int call_errno;
+    long result = engine_op_run(&op, call, &call_errno);
+    bool failed = result == -1; /* MAP_FAILED */
+    if (failed) {
+        /* MAP_FIXED may have unmapped the old pages before failing. */
+        engine_restore_locked(&op, &ticket, 0, UINTPTR_MAX, true);
+    } else {
+        engine_ticket_discard_locked(engine, &ticket);
+        uintptr_t map_start, map_end;
+        if (locks && length >= engine->options.min_bytes &&
+            engine_byte_range_pages(engine, (uintptr_t)result, length, &map_start, &map_end)) {
+            pthread_mutex_unlock(&engine->mutex);
+            struct range_place place = {.device = -1};
+            enum engine_choice choice =
+                engine->backend->choose_place(engine->backend->context, false, NULL, &place);
+            pthread_mutex_lock(&engine->mutex);
+            if (choice == ENGINE_PLACE_DISABLED)
+                engine_count(&engine->skipped_disabled);
+            /* A new mapping: only a racing call on addresses it did not own
+             * yet could claim it; then it stays unregistered. */
+            else if (engine_op_claims(&op, map_start, map_end) ||
+                     (op.slot < 0 ? engine_claim_locked(&op, &map_start, &map_end, 1, false, true)
+                                  : engine_claim_more_locked(&op, map_start, map_end)))
+                engine_add_range_locked(&op, map_start, map_end, (uintptr_t)result,
+                                        (uintptr_t)result + length, choice, &place);
+        } else if (locks && length < engine->options.min_bytes) {
+            engine_count(&engine->skipped_small);
+        }
+    }
+    engine_op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+/* The first page in [start, end) that is not mapped, or end (binary search
+ * on the length of the mapped prefix). */
+static uintptr_t first_unmapped_page(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    bool (*is_mapped)(void *, uintptr_t, uintptr_t) = engine->backend->is_mapped;
+    void *context = engine->backend->context;
+    if (is_mapped == NULL || is_mapped(context, start, end))
+        return end;
+    uintptr_t page = engine->options.page_size;
+    uintptr_t mapped_pages = 0, total_pages = (end - start) / page;
+    while (total_pages - mapped_pages > 1) {
+        uintptr_t middle = mapped_pages + (total_pages - mapped_pages) / 2;
+        if (is_mapped(context, start, start + middle * page))
+            mapped_pages = middle;
+        else
+            total_pages = middle;
+    }
+    return start + mapped_pages * page;
+}
+
+long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
+                   enum release_reason reason, enum engine_failure_rule failure,
+                   const struct engine_call *call)
+{
+    if (!engine_active(engine) || start >= end)
+        return engine_run_plain(call);
+    if (end > PAGE_INDEX_LIMIT)
+        end = PAGE_INDEX_LIMIT;
+    /* Only munlock must claim pages that hold no record: a lock of a buffer
+     * sharing a page may be running, and munlock undoes its lock. */
+    if (reason != RELEASE_MUNLOCK && !engine_may_overlap(engine, start, end))
+        return engine_run_plain(call);
+    struct engine_op op;
+    engine_op_begin(&op, engine);
+    engine_claim_locked(&op, &start, &end, 1, true, false);
+    struct engine_ticket ticket = {0};
+    struct release_request request = {start, end, reason, &ticket, false, 0, 0};
+    engine_release_locked(&op, &request);
+    int call_errno;
+    long result = engine_op_run(&op, call, &call_errno);
+    if (result != 0) {
+        uintptr_t still_locked_from = start;
+        if (failure == ENGINE_FAILED_UNLOCKED_TO_HOLE && call_errno == ENOMEM) {
+            pthread_mutex_unlock(&engine->mutex);
+            still_locked_from = first_unmapped_page(engine, start, end);
+            pthread_mutex_lock(&engine->mutex);
+        }
+        engine_restore_locked(&op, &ticket, still_locked_from, UINTPTR_MAX,
+                              failure == ENGINE_FAILED_MAY_HAVE_UNMAPPED);
+    } else {
+        engine_ticket_discard_locked(engine, &ticket);
+    }
+    engine_op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
+                          enum release_reason reason, bool can_fail, const struct engine_call *call)
+{
+    uintptr_t pages_start = engine_page_floor(engine, start),
+              pages_end = engine_page_ceil(engine, end);
+    if (!engine_active(engine) || pages_end > PAGE_INDEX_LIMIT ||
+        !engine_may_overlap(engine, pages_start, pages_end))
+        return engine_run_plain(call);
+    struct engine_op op;
+    engine_op_begin(&op, engine);
+    engine_claim_locked(&op, &pages_start, &pages_end, 1, true, false);
+    struct engine_ticket ticket = {0};
+    struct release_request request = {pages_start, pages_end, reason, can_fail ? &ticket : NULL,
+                                      true,        start,     end};
+    engine_release_locked(&op, &request);
+    int call_errno;
+    long result = engine_op_run(&op, call, &call_errno);
+    if (can_fail && result == 0)
+        engine_restore_locked(&op, &ticket, 0, UINTPTR_MAX, false); /* the block is as it was */
+    else
+        engine_ticket_discard_locked(engine, &ticket);
+    engine_op_end(&op);
+    errno = call_errno;
+    return result;
+}

@@ -1,0 +1,167 @@
+/* The registration thread: registers what is queued (PINSHIM_ASYNC=on) and,
+ * as the watcher, looks for a context while ranges wait for one. */
+#include "engine_internal.h"
+
+#include <time.h>
+
+/* Registers one queued record; false when the entry was stale. */
+static void register_queued_locked(struct engine *engine, uintptr_t base)
+{
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    if (record == NULL || record->state != RANGE_QUEUED)
+        return;
+    struct engine_op op = {.engine = engine, .slot = -1};
+    uintptr_t start = record->base, end = record->end;
+    if (!engine_claim_locked(&op, &start, &end, 1, false, true))
+        return; /* shutting down */
+    record = range_registry_find(&engine->registry, base);
+    if (record != NULL && record->state == RANGE_QUEUED) {
+        engine->worker_busy = true;
+        engine_set_state_locked(engine, record, RANGE_REGISTERING);
+        engine_register_record_locked(engine, base, true);
+        engine->worker_busy = false;
+    }
+    engine->claims[op.slot].count = 0;
+    pthread_cond_broadcast(&engine->changed);
+}
+
+/* Asks the backend, for each pending record, whether a context exists now;
+ * those that have one are queued. Returns the backend's last answer. */
+static enum engine_choice place_pending_locked(struct engine *engine)
+{
+    struct engine_waiting *head = engine->pending_head;
+    engine->pending_head = engine->pending_tail = NULL;
+    enum engine_choice last = ENGINE_PLACE_DEFER;
+    while (head != NULL) {
+        struct engine_waiting *entry = head;
+        head = entry->next;
+        struct range_record *record = range_registry_find(&engine->registry, entry->base);
+        if (record == NULL || record->state != RANGE_PENDING) {
+            node_pool_put(&engine->waiting_pool, entry);
+            continue;
+        }
+        struct range_place hint = record->place, place = {.device = -1};
+        pthread_mutex_unlock(&engine->mutex);
+        last = engine->backend->choose_place(engine->backend->context, true, &hint, &place);
+        pthread_mutex_lock(&engine->mutex);
+        record = range_registry_find(&engine->registry, entry->base);
+        if (record != NULL && record->state == RANGE_PENDING) {
+            if (last == ENGINE_PLACE_READY) {
+                record->place = place;
+                engine->deferred_registered++;
+                engine_account_state_locked(engine, record, -1);
+                record->state = RANGE_QUEUED;
+                engine_account_state_locked(engine, record, 1);
+            } else if (last == ENGINE_PLACE_DISABLED) {
+                engine->dropped_pending++;
+                engine_remove_record_locked(engine, entry->base);
+            } else {
+                /* Still waiting: back on the list (the entry is reused). */
+                entry->next = NULL;
+                if (engine->pending_tail != NULL)
+                    engine->pending_tail->next = entry;
+                else
+                    engine->pending_head = entry;
+                engine->pending_tail = entry;
+                entry = NULL;
+            }
+        }
+        if (entry != NULL)
+            node_pool_put(&engine->waiting_pool, entry);
+        if (last != ENGINE_PLACE_READY && last != ENGINE_PLACE_DISABLED) {
+            /* No context yet: the rest wait as they are. */
+            if (head != NULL) {
+                if (engine->pending_tail != NULL)
+                    engine->pending_tail->next = head;
+                else
+                    engine->pending_head = head;
+                while (head->next != NULL)
+                    head = head->next;
+                engine->pending_tail = head;
+            }
+            break;
+        }
+    }
+    return last;
+}
+
+void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool queued_only)
+{
+    int cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+    pthread_mutex_lock(&engine->mutex);
+    uint64_t backoff = 10ull * 1000 * 1000; /* 10 ms, doubling up to poll_nanoseconds */
+    if (backoff > poll_nanoseconds)
+        backoff = poll_nanoseconds;
+    while (!engine->shut_down) {
+        struct engine_waiting *entry =
+            engine_waiting_pop_locked(&engine->queue_head, &engine->queue_tail);
+        if (entry != NULL) {
+            uintptr_t base = entry->base;
+            node_pool_put(&engine->waiting_pool, entry);
+            register_queued_locked(engine, base);
+            continue;
+        }
+        if (engine->pending_ranges == 0 || queued_only)
+            break;
+        enum engine_choice choice = place_pending_locked(engine);
+        engine->pending_passes++;
+        pthread_cond_broadcast(&engine->changed);
+        if (choice == ENGINE_PLACE_READY || choice == ENGINE_PLACE_DISABLED) {
+            backoff =
+                10ull * 1000 * 1000 < poll_nanoseconds ? 10ull * 1000 * 1000 : poll_nanoseconds;
+            continue;
+        }
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        uint64_t at = (uint64_t)deadline.tv_nsec + backoff;
+        deadline.tv_sec += (time_t)(at / 1000000000u);
+        deadline.tv_nsec = (long)(at % 1000000000u);
+        pthread_cond_timedwait(&engine->changed, &engine->mutex, &deadline);
+        backoff = backoff * 2 < poll_nanoseconds ? backoff * 2 : poll_nanoseconds;
+    }
+    engine->worker_active = false;
+    pthread_cond_broadcast(&engine->changed);
+    pthread_mutex_unlock(&engine->mutex);
+    int ignored;
+    pthread_setcancelstate(cancel_state, &ignored);
+}
+
+size_t engine_drain(struct engine *engine, bool look_for_context)
+{
+    if (!engine->registry_ok)
+        return 0;
+    int cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+    pthread_mutex_lock(&engine->mutex);
+    if (look_for_context && engine->pending_ranges != 0 && !engine->shut_down) {
+        /* The thread may sleep in its back-off or not run at all: wake it
+         * and wait for one whole look, rather than look here (one thread
+         * places pending ranges, so their order and counts stay simple). */
+        uint64_t pass = engine->pending_passes;
+        pthread_mutex_unlock(&engine->mutex);
+        engine_worker_poke(engine);
+        pthread_mutex_lock(&engine->mutex);
+        while (!engine->shut_down && engine->worker_active && engine->pending_ranges != 0 &&
+               engine->pending_passes == pass)
+            pthread_cond_wait(&engine->changed, &engine->mutex);
+    }
+    while (!engine->shut_down && engine->worker_active &&
+           (engine->queued_ranges != 0 || engine->worker_busy))
+        pthread_cond_wait(&engine->changed, &engine->mutex);
+    size_t pending = engine->pending_ranges;
+    pthread_mutex_unlock(&engine->mutex);
+    int ignored;
+    pthread_setcancelstate(cancel_state, &ignored);
+    return pending;
+}
+
+void engine_worker_poke(struct engine *engine)
+{
+    if (!engine_active(engine) || !engine_worker_has_work(engine))
+        return;
+    struct engine_op op;
+    engine_op_begin(&op, engine);
+    engine_want_worker_locked(&op);
+    engine_op_end(&op);
+}
