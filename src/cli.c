@@ -242,6 +242,10 @@ int main(int argc, char **argv)
             options_write_markdown(STDOUT_FILENO);
             return 0;
         }
+        if (strcmp(name, "help-options-man") == 0) {
+            options_write_man(STDOUT_FILENO);
+            return 0;
+        }
         char option_name[64];
         const char *equals = strchr(name, '=');
         size_t name_length = equals ? (size_t)(equals - name) : strlen(name);

@@ -1,5 +1,6 @@
 #include "cuda_driver.h"
 
+#include "loaded_objects.h"
 #include "pinshim_config.h"
 
 #include <dlfcn.h>
@@ -22,8 +23,10 @@ _Static_assert((int)CUDA_ERROR_NOT_INITIALIZED == (int)CUDA_DRIVER_NOT_INITIALIZ
                        (int)ENGINE_CUDA_ALREADY_REGISTERED &&
                    (int)CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED == (int)ENGINE_CUDA_NOT_REGISTERED,
                "CUresult values changed");
-_Static_assert(CU_MEMHOSTREGISTER_PORTABLE == CUDA_DRIVER_REGISTER_PORTABLE &&
-                   CU_MEMHOSTREGISTER_DEVICEMAP == CUDA_DRIVER_REGISTER_DEVICEMAP &&
+_Static_assert(CU_MEMHOSTREGISTER_PORTABLE == ENGINE_REGISTER_PORTABLE &&
+                   CU_MEMHOSTREGISTER_DEVICEMAP == ENGINE_REGISTER_DEVICEMAP &&
+                   CU_MEMHOSTREGISTER_IOMEMORY == ENGINE_REGISTER_IOMEMORY &&
+                   CU_MEMHOSTREGISTER_READ_ONLY == ENGINE_REGISTER_READ_ONLY &&
                    (int)CUDA_ERROR_DEINITIALIZED == (int)ENGINE_CUDA_DEINITIALIZED,
                "cuMemHostRegister flag values changed");
 #endif
@@ -32,11 +35,7 @@ _Static_assert(CU_MEMHOSTREGISTER_PORTABLE == CUDA_DRIVER_REGISTER_PORTABLE &&
 
 bool cuda_driver_is_loaded(void)
 {
-    void *handle = dlopen(DRIVER_SONAME, RTLD_NOW | RTLD_NOLOAD);
-    if (handle == NULL)
-        return false;
-    dlclose(handle); /* drops the reference NOLOAD took */
-    return true;
+    return loaded_objects_cuda_driver(NULL, 0);
 }
 
 static void *driver_symbol(void *handle, const char *versioned, const char *plain)
@@ -63,7 +62,12 @@ static bool find_locked(struct cuda_driver *driver)
 {
     if (driver->found)
         return true;
-    void *handle = dlopen(DRIVER_SONAME, RTLD_NOW | RTLD_NOLOAD);
+    /* The loader's list says whether it is there (no system call); then its
+     * own name finds it without a search of the library directories. */
+    char path[sizeof(driver->path)];
+    if (!loaded_objects_cuda_driver(path, sizeof(path)))
+        return false;
+    void *handle = dlopen(path[0] != '\0' ? path : DRIVER_SONAME, RTLD_NOW | RTLD_NOLOAD);
     if (handle == NULL)
         return false;
     struct cuda_driver found = {.handle = handle};
@@ -124,6 +128,39 @@ static bool primary_active(struct cuda_driver *driver, int device)
     return driver->primary_get_state(device, &flags, &active) == CUDA_DRIVER_SUCCESS && active;
 }
 
+/* The calling thread's current context as a place (see the header); *device
+ * gets its device. */
+static bool current_place(struct cuda_driver *driver, uintptr_t current, struct range_place *place)
+{
+    int device = -1;
+    if (current == 0 || driver->ctx_get_device(&device) != CUDA_DRIVER_SUCCESS)
+        return false;
+    place->device = device;
+    /* A primary context can be entered from any thread later; a context the
+     * program created itself is used as it is. */
+    uintptr_t primary = 0;
+    if (primary_active(driver, device) &&
+        driver->primary_retain(&primary, device) == CUDA_DRIVER_SUCCESS) {
+        driver->primary_release(device);
+        if (primary != current) {
+            place->context = current;
+            place->flags = RANGE_PLACE_THREAD_CONTEXT;
+        }
+    } else {
+        place->context = current;
+        place->flags = RANGE_PLACE_THREAD_CONTEXT;
+    }
+    return true;
+}
+
+bool cuda_driver_thread_place(struct cuda_driver *driver, struct range_place *place)
+{
+    *place = (struct range_place){.device = -1};
+    uintptr_t current = 0;
+    return cuda_driver_find(driver) && driver->ctx_get_current(&current) == CUDA_DRIVER_SUCCESS &&
+           current_place(driver, current, place);
+}
+
 enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool from_worker,
                                             const struct range_place *hint, int *preferred_device,
                                             struct range_place *place)
@@ -137,28 +174,10 @@ enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool fro
         return ENGINE_PLACE_DEFER; /* loaded, not initialised (yet) */
     if (error == CUDA_DRIVER_DEINITIALIZED)
         return ENGINE_PLACE_DISABLED;
-    if (!from_worker && error == CUDA_DRIVER_SUCCESS && current != 0) {
+    if (!from_worker && error == CUDA_DRIVER_SUCCESS && current_place(driver, current, place)) {
         /* The locking thread's own context: the one its copies will use. */
-        int device = -1;
-        if (driver->ctx_get_device(&device) == CUDA_DRIVER_SUCCESS) {
-            __atomic_store_n(preferred_device, device, __ATOMIC_RELAXED);
-            place->device = device;
-            /* A primary context can be entered from any thread later; a
-             * context the program created itself is used as it is. */
-            uintptr_t primary = 0;
-            if (primary_active(driver, device) &&
-                driver->primary_retain(&primary, device) == CUDA_DRIVER_SUCCESS) {
-                driver->primary_release(device);
-                if (primary != current) {
-                    place->context = current;
-                    place->flags = RANGE_PLACE_THREAD_CONTEXT;
-                }
-            } else {
-                place->context = current;
-                place->flags = RANGE_PLACE_THREAD_CONTEXT;
-            }
-            return ENGINE_PLACE_READY;
-        }
+        __atomic_store_n(preferred_device, place->device, __ATOMIC_RELAXED);
+        return ENGINE_PLACE_READY;
     }
     /* No context on this thread: a device whose primary context the program
      * already made active, preferring the one it asked for, then the one its

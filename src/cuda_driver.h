@@ -28,10 +28,6 @@ enum {
     CUDA_DRIVER_CONTEXT_IS_DESTROYED = 709,
 };
 
-/* cuMemHostRegister flags (cuda.h): the runtime's cudaHostRegister* values. */
-#define CUDA_DRIVER_REGISTER_PORTABLE 0x01u
-#define CUDA_DRIVER_REGISTER_DEVICEMAP 0x02u
-
 typedef int (*cu_result_fn)(void);
 struct cuda_driver {
     void *handle;
@@ -53,8 +49,9 @@ struct cuda_driver {
 };
 
 /* Looks for a libcuda.so.1 the process has loaded; cheap when it is absent
- * (one dlopen with RTLD_NOLOAD). True when it is there with every entry
- * point the shim uses. Safe to call again: a found driver stays found. */
+ * (the loader's list, no system call: loaded_objects.h). True when it is
+ * there with every entry point the shim uses. Safe to call again: a found
+ * driver stays found. */
 bool cuda_driver_find(struct cuda_driver *driver);
 /* Only whether libcuda.so.1 is loaded now, without resolving anything. */
 bool cuda_driver_is_loaded(void);
@@ -66,6 +63,11 @@ bool cuda_driver_is_loaded(void);
 enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool from_worker,
                                             const struct range_place *hint, int *preferred_device,
                                             struct range_place *place);
+
+/* The context current on the calling thread as a place: its device, and the
+ * context itself unless it is that device's primary context. False when the
+ * driver is not there or the thread has no live context. Never creates one. */
+bool cuda_driver_thread_place(struct cuda_driver *driver, struct range_place *place);
 
 /* Registers or unregisters in place's context, entered for the call and left
  * afterwards. ENGINE_CUDA_NO_CONTEXT when that context is not there (any

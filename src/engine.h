@@ -39,6 +39,20 @@ enum {
     ENGINE_CUDA_NO_CONTEXT = -1,
 };
 
+/* cuMemHostRegister flags (cuda.h CU_MEMHOSTREGISTER_*; the runtime's
+ * cudaHostRegister* have the same values). */
+#define ENGINE_REGISTER_PORTABLE 0x01u
+#define ENGINE_REGISTER_DEVICEMAP 0x02u
+#define ENGINE_REGISTER_IOMEMORY 0x04u
+#define ENGINE_REGISTER_READ_ONLY 0x08u
+
+/* cudaHostRegisterDefault (0) means "mapped and portable" on every 64-bit
+ * (UVA) system: two flag sets that normalise alike mean the same thing. */
+static inline unsigned engine_normalized_flags(unsigned flags)
+{
+    return flags != 0 ? flags : ENGINE_REGISTER_PORTABLE | ENGINE_REGISTER_DEVICEMAP;
+}
+
 /* Where a registration made now would go. */
 enum engine_choice {
     ENGINE_PLACE_READY,    /* *place filled in */
@@ -54,9 +68,15 @@ struct engine_backend {
      * at, or NULL. */
     enum engine_choice (*choose_place)(void *context, bool from_worker,
                                        const struct range_place *hint, struct range_place *place);
-    /* May fill in place->device when the backend chose it (the runtime's). */
+    /* Registers with place->register_flags; may fill in place->device when
+     * the backend chose it (the runtime's). */
     int (*register_range)(void *context, struct range_place *place, void *base, size_t length);
     int (*unregister_range)(void *context, const struct range_place *place, void *base);
+    /* Optional: the context current on the calling thread, as a place (its
+     * device, and the context unless it is that device's primary one); false
+     * when the thread has none or it cannot be told. A program's
+     * cudaHostRegister on this thread registers there. */
+    bool (*thread_place)(void *context, struct range_place *place);
     /* Name of an error code, for messages; may return NULL. */
     const char *(*error_name)(void *context, int error);
     /* Optional: the CUDA call register_range (or unregister_range) makes, for
@@ -108,6 +128,9 @@ enum engine_onfault {
 
 struct engine_options {
     uint64_t min_bytes;
+    /* CU_MEMHOSTREGISTER_* bits every registration is made with (0: the
+     * default, PORTABLE|DEVICEMAP). */
+    unsigned register_flags;
     uint64_t max_registration_bytes; /* larger ranges are registered in chunks */
     bool asynchronous;               /* lock calls return before registration */
     enum engine_onfault onfault;
@@ -216,6 +239,7 @@ struct engine {
     /* Bumped with relaxed atomics outside the lock, merged by engine_get_counters. */
     uint64_t skipped_small, lock_calls, unlock_calls, mlockall_calls;
     uint64_t skipped_disabled;      /* locks not registered: registration off in this process */
+    uint64_t skipped_cuda_library;  /* locks made by the CUDA driver or a runtime itself */
     uint64_t skipped_address;       /* locks above the indexed address space */
     uint64_t skipped_onfault_pages; /* MLOCK_ONFAULT pages not resident, not registered */
     uint64_t exit_unloading;        /* exit unregistrations answered "runtime/driver unloading" */
@@ -226,6 +250,11 @@ struct engine {
     uint64_t cancelled_queued, dropped_pending;   /* released before they were registered */
     uint64_t gone_with_context; /* unregistrations that found the registration gone (713) */
     uint64_t program_registrations, program_unregistrations, program_took_back;
+    /* The program's cudaHostRegister of pages the shim held registered just
+     * so: the registration became the program's, without a CUDA call; its
+     * cudaHostUnregister of pages still locked: the shim kept the
+     * registration, without a call. */
+    uint64_t program_handed_over, program_kept;
     uint64_t wait_nanoseconds;       /* time program threads spent in backend calls */
     uint64_t background_nanoseconds; /* time the registration thread spent in them */
     struct engine_device_counts devices[ENGINE_MAX_DEVICES];
@@ -331,11 +360,16 @@ long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
                           const struct engine_call *call);
 
 /* The program's own cudaHostRegister / cudaHostUnregister (call: the real
- * one). Before the program registers, the shim gives up every page of the
- * range (its own registrations go, queued and pending ones are dropped); when
- * the program's call succeeds the pages are the program's until it
- * unregisters them, and then the shim takes back the locked pages it had. */
-long engine_program_register(struct engine *engine, uintptr_t start, size_t length,
+ * one; flags: the program's). When the shim holds exactly that range
+ * registered, with flags that mean the same and in the context the
+ * program's call would use, the registration becomes the program's and no
+ * call is made (a hand-over). Otherwise the shim gives up every page of the
+ * range before the program's call (its own registrations go, queued and
+ * pending ones are dropped); when the call succeeds the pages are the
+ * program's until it unregisters them. Then the shim holds the locked pages
+ * again: the program's registration itself, without a call, when it is one
+ * the shim would have made; else registered anew. */
+long engine_program_register(struct engine *engine, uintptr_t start, size_t length, unsigned flags,
                              const struct engine_call *call);
 long engine_program_unregister(struct engine *engine, uintptr_t start,
                                const struct engine_call *call);

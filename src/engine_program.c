@@ -26,16 +26,74 @@ void engine_mark_program_locked_locked(struct engine *engine, uintptr_t start, u
     }
 }
 
-long engine_program_register(struct engine *engine, uintptr_t start, size_t length,
+/* Whether the two places are the same context: the same device and, when
+ * it is not that device's primary context, the same context handle. */
+static bool same_context(const struct range_place *a, const struct range_place *b)
+{
+    return a->device >= 0 && a->device == b->device && a->context == b->context;
+}
+
+/* The context a CUDA call made now on this thread goes to, when the backend
+ * can tell. Called without the mutex (the driver may call back into the
+ * shim). */
+static bool calling_thread_place(struct engine *engine, struct range_place *place)
+{
+    *place = (struct range_place){.device = -1};
+    return engine->backend->thread_place != NULL &&
+           engine->backend->thread_place(engine->backend->context, place);
+}
+
+/* The program asks for exactly the registration the shim holds: the record
+ * at pages_start is registered, covers [pages_start, pages_end) whole, was
+ * made with flags that mean what the program's mean, in the context its
+ * call would use, and the program's pointer is its base (the pointer its
+ * cudaHostUnregister will pass). Then the registration is handed over: it
+ * becomes the program's, and no call is made. */
+static bool hand_over_locked(struct engine *engine, uintptr_t start, size_t length,
+                             uintptr_t pages_start, uintptr_t pages_end, unsigned flags,
+                             const struct range_place *caller, bool caller_known)
+{
+    struct range_record *record = range_registry_find(&engine->registry, pages_start);
+    if (!caller_known || start != pages_start || record == NULL ||
+        record->state != RANGE_REGISTERED || record->end != pages_end ||
+        record->place.register_flags != engine_normalized_flags(flags) ||
+        !same_context(&record->place, caller))
+        return false;
+    record->state = RANGE_PROGRAM;
+    record->program_locked = 1;
+    record->lock_start = start;
+    record->lock_end = start + length;
+    struct pinshim_counters *counters = &engine->counters;
+    counters->live_ranges--;
+    counters->live_bytes -= pages_end - pages_start;
+    engine->program_registrations++;
+    engine->program_handed_over++;
+    if (engine->backend->registered != NULL) {
+        pthread_mutex_unlock(&engine->mutex);
+        engine->backend->registered(engine->backend->context, pages_start, pages_end, false);
+        pthread_mutex_lock(&engine->mutex);
+    }
+    return true;
+}
+
+long engine_program_register(struct engine *engine, uintptr_t start, size_t length, unsigned flags,
                              const struct engine_call *call)
 {
     uintptr_t pages_start, pages_end;
     if (!engine_active(engine) || length == 0 ||
         !engine_byte_range_pages(engine, start, length, &pages_start, &pages_end))
         return engine_run_plain(call);
+    struct range_place caller;
+    bool caller_known = calling_thread_place(engine, &caller);
     struct engine_op op;
     engine_op_begin(&op, engine);
     engine_claim_locked(&op, &pages_start, &pages_end, 1, true, false);
+    if (hand_over_locked(engine, start, length, pages_start, pages_end, flags, &caller,
+                         caller_known)) {
+        engine_op_end(&op);
+        errno = op.program_errno;
+        return ENGINE_CUDA_SUCCESS;
+    }
     /* Every page the program's range touches becomes the program's: the
      * shim's registrations there go (the parts outside are registered again),
      * queued and pending ones are dropped, before the program's call. */
@@ -47,6 +105,14 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
     long result = engine_op_run(&op, call, &call_errno);
     if (result == ENGINE_CUDA_SUCCESS) {
         engine->program_registrations++;
+        /* Where the call registered: the context it made current, if it had
+         * to (the runtime's primary context), else the one that was. */
+        struct range_place place = caller;
+        pthread_mutex_unlock(&engine->mutex);
+        if (!calling_thread_place(engine, &place))
+            place = (struct range_place){.device = -1};
+        pthread_mutex_lock(&engine->mutex);
+        place.register_flags = (uint8_t)engine_normalized_flags(flags);
         struct range_registry *registry = &engine->registry;
         uintptr_t cursor = pages_start;
         while (cursor < pages_end) {
@@ -61,7 +127,7 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
                                           .end = gap_end,
                                           .lock_start = start,
                                           .lock_end = start + length,
-                                          .place = {.device = -1},
+                                          .place = place,
                                           .state = RANGE_PROGRAM};
             if (engine_insert_record_locked(engine, &record) == NULL)
                 break; /* out of memory: a later lock there gets 712, counted */
@@ -100,6 +166,49 @@ bool engine_is_shim_registration(struct engine *engine, uintptr_t addr)
     return state >= 0 && state != RANGE_PROGRAM;
 }
 
+/* The program unregisters, by its base, a registration whose pages it
+ * still holds locked, and that registration is one the shim would make for
+ * them: one record, the program's pointer page-aligned, the shim's flags,
+ * at most one chunk, in the context the shim would register those pages in
+ * now. Then the shim keeps it as its own and no call is made. The op claims
+ * the registration's pages. */
+static bool keep_locked(struct engine *engine, uintptr_t start)
+{
+    struct range_record *record = range_registry_find(&engine->registry, start);
+    if (record == NULL || record->state != RANGE_PROGRAM || !record->program_locked ||
+        record->lock_start != start || record->end != engine_page_ceil(engine, record->lock_end) ||
+        record->place.device < 0 ||
+        record->place.register_flags != engine_normalized_flags(engine->options.register_flags) ||
+        record->end - record->base > engine->options.max_registration_bytes || engine->shut_down)
+        return false;
+    struct range_place held = record->place, chosen = {.device = -1};
+    pthread_mutex_unlock(&engine->mutex);
+    enum engine_choice choice =
+        engine->backend->choose_place(engine->backend->context, false, NULL, &chosen);
+    pthread_mutex_lock(&engine->mutex);
+    if (choice != ENGINE_PLACE_READY || !same_context(&held, &chosen))
+        return false;
+    record = range_registry_find(&engine->registry, start);
+    uintptr_t end = record->end;
+    record->state = RANGE_REGISTERED;
+    record->program_locked = 0;
+    record->lock_start = start;
+    record->lock_end = end;
+    struct pinshim_counters *counters = &engine->counters;
+    counters->live_ranges++;
+    counters->live_bytes += end - start;
+    if (counters->live_bytes > counters->peak_bytes)
+        counters->peak_bytes = counters->live_bytes;
+    engine->program_unregistrations++;
+    engine->program_kept++;
+    if (engine->backend->registered != NULL) {
+        pthread_mutex_unlock(&engine->mutex);
+        engine->backend->registered(engine->backend->context, start, end, true);
+        pthread_mutex_lock(&engine->mutex);
+    }
+    return true;
+}
+
 long engine_program_unregister(struct engine *engine, uintptr_t start,
                                const struct engine_call *call)
 {
@@ -130,6 +239,11 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
                 record->lock_start != program.lock_start || record->lock_end != program.lock_end)
                 program.base = 0;
         }
+    }
+    if (program.base != 0 && keep_locked(engine, start)) {
+        engine_op_end(&op);
+        errno = op.program_errno;
+        return ENGINE_CUDA_SUCCESS;
     }
     int call_errno;
     long result = engine_op_run(&op, call, &call_errno);

@@ -65,6 +65,8 @@ void engine_register_record_locked(struct engine *engine, uintptr_t base, bool o
 {
     struct range_record *record = range_registry_find(&engine->registry, base);
     struct range_place place = record->place;
+    if (place.register_flags == 0)
+        place.register_flags = (uint8_t)engine_normalized_flags(engine->options.register_flags);
     size_t length = record->end - record->base;
 
     pthread_mutex_unlock(&engine->mutex);
@@ -158,6 +160,9 @@ void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t en
             .lock_end = lock_end,
             .place = *place,
         };
+        if (record.place.register_flags == 0)
+            record.place.register_flags =
+                (uint8_t)engine_normalized_flags(engine->options.register_flags);
         bool deferred = choice != ENGINE_PLACE_READY;
         if (deferred)
             record.state = RANGE_PENDING;

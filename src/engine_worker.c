@@ -47,6 +47,7 @@ static enum engine_choice place_pending_locked(struct engine *engine)
         record = range_registry_find(&engine->registry, entry->base);
         if (record != NULL && record->state == RANGE_PENDING) {
             if (last == ENGINE_PLACE_READY) {
+                place.register_flags = record->place.register_flags; /* how, kept */
                 record->place = place;
                 engine->deferred_registered++;
                 engine_account_state_locked(engine, record, -1);

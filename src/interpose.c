@@ -7,6 +7,7 @@
 
 #include "block_extent.h"
 #include "cuda_loader.h"
+#include "loaded_objects.h"
 #include "log.h"
 #include "memory_map.h"
 #include "runtime.h"
@@ -401,6 +402,35 @@ static void choose_block_extent_source_once(size_t length)
     __atomic_store_n(&runtime_block_extent_state, 2, __ATOMIC_RELEASE);
 }
 
+/* ---- calls made by CUDA itself ---- */
+
+/* Whether the call comes from NVIDIA's own code: the driver or a runtime
+ * locking, unlocking or mapping memory for itself, perhaps while it holds
+ * its own locks. The shim must never call back into CUDA from inside that
+ * stack (the driver's cuMemHostRegister would wait for a lock its caller
+ * holds), nor wait there for a claim that an operation inside CUDA holds:
+ * such calls go straight to the real function. Memory CUDA locks for itself
+ * is CUDA's: it is never registered (registering it later, from another
+ * thread, could race the driver's own pinning of it). The loader's list
+ * answers, with no system call (loaded_objects.h). */
+static bool called_by_cuda(const void *caller)
+{
+    return loaded_objects_in_cuda_library((uintptr_t)caller);
+}
+
+/* A lock CUDA made for itself: counted, passed through. */
+static void count_cuda_library_lock(void)
+{
+    int saved_errno = errno;
+    runtime_ensure_initialized();
+    engine_count(&runtime_engine.skipped_cuda_library);
+    static int logged;
+    if (__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED) == 0)
+        log_info("locks made by the CUDA driver or runtime itself are passed through, not "
+                 "registered (logged once)");
+    errno = saved_errno;
+}
+
 /* ---- locking ---- */
 
 struct lock_call {
@@ -459,6 +489,11 @@ PINSHIM_EXPORT int mlock(const void *addr, size_t len)
     ensure_resolved();
     if (runtime_guarded())
         return real.mlock(addr, len);
+    if (called_by_cuda(__builtin_return_address(0))) {
+        int result = real.mlock(addr, len);
+        count_cuda_library_lock();
+        return result;
+    }
     struct lock_call arguments = {addr, len, 0};
     return lock_through_engine(addr, len, 0, run_mlock, &arguments);
 }
@@ -473,6 +508,11 @@ PINSHIM_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
     struct lock_call arguments = {addr, len, flags};
     if (runtime_guarded())
         return (int)run_mlock2(&arguments);
+    if (called_by_cuda(__builtin_return_address(0))) {
+        int result = (int)run_mlock2(&arguments);
+        count_cuda_library_lock();
+        return result;
+    }
     /* MLOCK_ONFAULT locks lazily: PINSHIM_ONFAULT says what is registered. */
     return lock_through_engine(addr, len, (flags & MLOCK_ONFAULT) ? ENGINE_LOCK_ONFAULT : 0,
                                run_mlock2, &arguments);
@@ -481,7 +521,7 @@ PINSHIM_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
 PINSHIM_EXPORT int munlock(const void *addr, size_t len)
 {
     ensure_resolved();
-    if (runtime_guarded())
+    if (runtime_guarded() || called_by_cuda(__builtin_return_address(0)))
         return real.munlock(addr, len);
     int saved_errno = errno;
     runtime_ensure_initialized();
@@ -515,7 +555,7 @@ PINSHIM_EXPORT int mlockall(int flags)
 PINSHIM_EXPORT int munlockall(void)
 {
     ensure_resolved();
-    if (runtime_guarded())
+    if (runtime_guarded() || called_by_cuda(__builtin_return_address(0)))
         return real.munlockall();
     int saved_errno = errno;
     runtime_ensure_initialized();
@@ -547,8 +587,8 @@ static long run_mmap(void *arguments)
                             call->offset);
 }
 
-static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int flags, int fd,
-                         off_t offset)
+static void *mmap_common(mmap_fn next, const void *caller, void *addr, size_t length, int prot,
+                         int flags, int fd, off_t offset)
 {
     if (next == NULL) {
         long result = syscall(SYS_mmap, addr, length, prot, flags, fd, offset);
@@ -559,6 +599,12 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
     runtime_notice_cuda();
     if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1) || runtime_guarded())
         return next(addr, length, prot, flags, fd, offset);
+    if (called_by_cuda(caller)) {
+        void *result = next(addr, length, prot, flags, fd, offset);
+        if ((flags & MAP_LOCKED) && result != MAP_FAILED)
+            count_cuda_library_lock();
+        return result;
+    }
     uintptr_t start = (uintptr_t)addr;
     bool replaces = (flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE) && length != 0 &&
                     start % runtime_page_size == 0;
@@ -582,14 +628,15 @@ static void *mmap_common(mmap_fn next, void *addr, size_t length, int prot, int 
 PINSHIM_EXPORT void *mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
 {
     ensure_resolved();
-    return mmap_common(real.mmap, addr, length, prot, flags, fd, offset);
+    return mmap_common(real.mmap, __builtin_return_address(0), addr, length, prot, flags, fd,
+                       offset);
 }
 
 PINSHIM_EXPORT void *mmap64(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
 {
     ensure_resolved();
-    return mmap_common(real.mmap64 ? real.mmap64 : real.mmap, addr, length, prot, flags, fd,
-                       offset);
+    return mmap_common(real.mmap64 ? real.mmap64 : real.mmap, __builtin_return_address(0), addr,
+                       length, prot, flags, fd, offset);
 }
 
 static long run_munmap(void *arguments)
@@ -605,7 +652,8 @@ PINSHIM_EXPORT int munmap(void *addr, size_t length)
     if (runtime_guarded() || length == 0 || start % runtime_page_size != 0)
         return real.munmap(addr, length);
     runtime_notice_cuda();
-    if (!engine_may_overlap(&runtime_engine, start, range_end(start, length)))
+    if (!engine_may_overlap(&runtime_engine, start, range_end(start, length)) ||
+        called_by_cuda(__builtin_return_address(0)))
         return real.munmap(addr, length);
     struct map_call arguments = {.addr = addr, .length = length};
     struct engine_call call = {run_munmap, &arguments};
@@ -640,7 +688,8 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
         new_address = va_arg(args, void *);
         va_end(args);
     }
-    if (runtime_guarded() || !engine_has_registrations(&runtime_engine))
+    if (runtime_guarded() || !engine_has_registrations(&runtime_engine) ||
+        called_by_cuda(__builtin_return_address(0)))
         return real.mremap(old_address, old_size, new_size, flags, new_address);
     runtime_notice_cuda();
     struct remap_call arguments = {old_address, old_size, new_size, flags, new_address};
@@ -761,7 +810,7 @@ PINSHIM_EXPORT int cudaHostRegister(void *ptr, size_t size, unsigned int flags)
     struct program_register_call arguments = {next, ptr, size, flags};
     struct engine_call call = {run_program_register, &arguments};
     runtime_guard_enter();
-    int result = (int)engine_program_register(&runtime_engine, (uintptr_t)ptr, size, &call);
+    int result = (int)engine_program_register(&runtime_engine, (uintptr_t)ptr, size, flags, &call);
     runtime_guard_leave();
     return result;
 }

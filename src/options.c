@@ -421,9 +421,11 @@ const struct option_spec option_table[OPT_COUNT] = {
      .cli_name = "async",
      .cli_argument = "BOOL",
      .accepted = "1/true/yes/on, 0/false/no/off",
-     .default_text = "on",
-     .help = "Whether lock calls return once the kernel has locked the pages while a shim "
-             "thread registers them; off registers inside the lock call.",
+     .default_text = "off",
+     .help = "Whether lock calls return before the pages are registered: off (the default) "
+             "registers inside mlock, so a buffer is pinned when mlock returns, as "
+             "cudaHostAlloc's and pin_memory()'s are; on returns once the kernel has locked "
+             "the pages and a shim thread registers them (pinshim_drain waits for it).",
      .parse = parse_async},
     {.id = OPT_MAX_REGISTRATION,
      .env_name = "PINSHIM_MAX_REGISTRATION",
@@ -474,7 +476,7 @@ void config_set_defaults(struct pinshim_config *cfg)
     cfg->log_level = LOG_WARN;
     cfg->context_mode = CONTEXT_PROGRAM;
     cfg->device = -1;
-    cfg->asynchronous = true;
+    cfg->asynchronous = false;
     cfg->max_registration_bytes = (uint64_t)64 << 30;
     cfg->onfault = ONFAULT_RESIDENT;
     cfg->fork_mode = FORK_COPY;
@@ -676,6 +678,55 @@ void options_write_markdown(int fd)
         if (spec->names_file)
             write_cell(fd, names_file_note);
         write_all(fd, " |\n");
+    }
+}
+
+/* roff: a '-' is a hyphen unless escaped, and a line may not start with '.'
+ * or '\''. */
+static void write_roff_text(int fd, const char *text)
+{
+    char buffer[1024];
+    size_t used = 0;
+    for (const char *c = text; *c && used + 3 < sizeof(buffer); c++) {
+        if (*c == '-' || *c == '\\')
+            buffer[used++] = '\\';
+        buffer[used++] = *c;
+    }
+    buffer[used] = '\0';
+    write_all(fd, buffer);
+}
+
+void options_write_man(int fd)
+{
+    for (int i = 0; i < OPT_COUNT; i++) {
+        const struct option_spec *spec = &option_table[i];
+        write_all(fd, ".TP\n.B ");
+        write_all(fd, spec->env_name);
+        write_all(fd, "\nOption:\n");
+        if (spec->id == OPT_STATS) {
+            write_all(fd, ".BR \\-\\-stats [=\\c\n.IR FILE ]\\c\n\\&.\n");
+        } else if (spec->cli_argument != NULL) {
+            write_all(fd, ".BI \\-\\-");
+            write_roff_text(fd, spec->cli_name);
+            write_all(fd, " \" ");
+            write_all(fd, spec->cli_argument);
+            write_all(fd, "\"\\c\n\\&.\n");
+        } else {
+            write_all(fd, ".BR \\-\\-");
+            write_roff_text(fd, spec->cli_name);
+            write_all(fd, " .\n");
+        }
+        write_all(fd, "Values: ");
+        write_roff_text(fd, spec->accepted);
+        write_all(fd, ".\nDefault:\n.BR ");
+        write_roff_text(fd, spec->default_text);
+        write_all(fd, " .\n.br\n");
+        write_roff_text(fd, spec->help);
+        write_all(fd, "\n");
+        if (spec->names_file) {
+            write_roff_text(fd, names_file_note + 1);
+            write_all(fd, "\n");
+        }
     }
 }
 

@@ -104,8 +104,10 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
 /* Parses a byte count with an optional K/M/G suffix (powers of 1024). */
 bool parse_byte_size(const char *text, uint64_t *out);
 
-/* Writes the option table as Markdown (the README's table) or as --help text. */
+/* Writes the option table as Markdown (the README's table), as the entries
+ * of pinshim.7's ENVIRONMENT section (roff), or as --help text. */
 void options_write_markdown(int fd);
+void options_write_man(int fd);
 void options_write_help(int fd);
 
 #endif

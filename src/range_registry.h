@@ -21,12 +21,18 @@ enum range_state {
     RANGE_PROGRAM,       /* registered by the program itself: never the shim's to undo */
 };
 
-/* Where a registration lives: the device, and the driver context it was made
- * in (0: the device's primary context, or the runtime's choice). */
+/* Where and how a registration is made: the device, the driver context (0:
+ * the device's primary context, or the runtime's choice), and the
+ * cuMemHostRegister flags it is made with. */
 struct range_place {
     uintptr_t context;
     int32_t device; /* -1: not known (the runtime chose) */
-    uint32_t flags; /* RANGE_PLACE_* */
+    uint16_t flags; /* RANGE_PLACE_* */
+    /* CU_MEMHOSTREGISTER_* bits as the driver gets them (never 0 once
+     * chosen: cudaHostRegisterDefault is PORTABLE|DEVICEMAP); 0 until the
+     * engine picks them. */
+    uint8_t register_flags;
+    uint8_t reserved;
 };
 /* Made in the locking thread's own (non-primary) context: only that context
  * can be used for it. */

@@ -3,6 +3,7 @@
 #include "block_extent.h"
 #include "cuda_driver.h"
 #include "cuda_loader.h"
+#include "loaded_objects.h"
 #include "log.h"
 #include "memory_map.h"
 #include "stats.h"
@@ -156,14 +157,6 @@ static enum engine_choice backend_choose_place(void *context, bool from_worker,
     return choice;
 }
 
-/* cudaHostRegisterDefault means "mapped and portable" on every 64-bit (UVA)
- * system; the driver call needs it spelt out. */
-static unsigned driver_register_flags(void)
-{
-    unsigned flags = runtime_config.register_flags;
-    return flags != 0 ? flags : CUDA_DRIVER_REGISTER_PORTABLE | CUDA_DRIVER_REGISTER_DEVICEMAP;
-}
-
 /* PINSHIM_CONTEXT=create: the runtime's call on the calling thread, on the
  * device asked for (switched to and back). Counts the contexts it created,
  * as far as the driver can tell. */
@@ -186,7 +179,7 @@ static int create_mode_register(struct range_place *place, void *base, size_t le
         cuda_runtime_clear_last_error(&cuda);
         switch_device = false;
     }
-    int error = cuda.host_register(base, length, runtime_config.register_flags);
+    int error = cuda.host_register(base, length, place->register_flags);
     if (error != 0)
         cuda_runtime_clear_last_error(&cuda);
     active = 0;
@@ -207,7 +200,7 @@ static int backend_register(void *context, struct range_place *place, void *base
     if (runtime_config.context_mode == CONTEXT_CREATE)
         error = create_mode_register(place, base, length);
     else
-        error = cuda_driver_register(&driver, place, base, length, driver_register_flags());
+        error = cuda_driver_register(&driver, place, base, length, place->register_flags);
     runtime_guard_leave();
     return error;
 }
@@ -226,6 +219,17 @@ static int backend_unregister(void *context, const struct range_place *place, vo
     }
     runtime_guard_leave();
     return error;
+}
+
+/* The calling thread's context, through the driver whichever the mode: the
+ * program's runtime registers there. */
+static bool backend_thread_place(void *context, struct range_place *place)
+{
+    (void)context;
+    runtime_guard_enter();
+    bool known = cuda_driver_thread_place(&driver, place);
+    runtime_guard_leave();
+    return known;
 }
 
 static const char *backend_error_name(void *context, int error)
@@ -338,6 +342,7 @@ static const struct engine_backend cuda_backend = {
     .choose_place = backend_choose_place,
     .register_range = backend_register,
     .unregister_range = backend_unregister,
+    .thread_place = backend_thread_place,
     .error_name = backend_error_name,
     .call_name = backend_call_name,
     .locked_parts = backend_locked_parts,
@@ -434,6 +439,7 @@ static void after_fork_child(void)
         cuda_state = CUDA_NOT_TRIED;
     pthread_mutex_init(&cuda_load_mutex, NULL);
     cuda_driver_after_fork();
+    loaded_objects_after_fork();
     fork_warned = 0;
     /* The thread that was choosing is gone: choose again at the next lock. */
     int choosing = 1;
@@ -521,6 +527,7 @@ static void initialize(void)
     log_set_level(runtime_config.log_level);
     struct engine_options options = {
         .min_bytes = runtime_config.min_bytes,
+        .register_flags = runtime_config.register_flags,
         .max_registration_bytes = runtime_config.max_registration_bytes,
         .asynchronous = runtime_config.asynchronous,
         .onfault = (enum engine_onfault)runtime_config.onfault,
@@ -623,6 +630,7 @@ static void fill_report(struct stats_report *report)
     engine_get_counters(engine, &report->counters);
     pthread_mutex_lock(&engine->mutex);
     report->skipped_disabled = engine->skipped_disabled;
+    report->skipped_cuda_library = engine->skipped_cuda_library;
     report->skipped_address = engine->skipped_address;
     report->skipped_onfault_pages = engine->skipped_onfault_pages;
     report->exit_unloading = engine->exit_unloading;
@@ -639,6 +647,8 @@ static void fill_report(struct stats_report *report)
     report->background_nanoseconds = engine->background_nanoseconds;
     report->program_unregistrations = engine->program_unregistrations;
     report->program_took_back = engine->program_took_back;
+    report->program_handed_over = engine->program_handed_over;
+    report->program_kept = engine->program_kept;
     report->gone_with_context = engine->gone_with_context;
     pthread_mutex_unlock(&engine->mutex);
     struct engine_device_counts devices[STATS_MAX_DEVICES];

@@ -181,6 +181,7 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_key_u64(&out, "already_registered", c->register_already_registered, false);
     out_key_u64(&out, "skipped_small", c->register_skipped_small, false);
     out_key_u64(&out, "skipped_no_runtime", report->skipped_disabled, false);
+    out_key_u64(&out, "skipped_cuda_library", report->skipped_cuda_library, false);
     out_key_u64(&out, "skipped_address", report->skipped_address, false);
     out_key_u64(&out, "skipped_onfault_pages", report->skipped_onfault_pages, false);
     out_key_u64(&out, "bytes", c->register_bytes, false);
@@ -217,6 +218,8 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_text(&out, "},\n \"program\": {");
     out_key_u64(&out, "registrations", c->program_registrations, false);
     out_key_u64(&out, "unregistrations", report->program_unregistrations, false);
+    out_key_u64(&out, "handed_over", report->program_handed_over, false);
+    out_key_u64(&out, "kept", report->program_kept, false);
     out_key_u64(&out, "taken_back", report->program_took_back, true);
 
     out_text(&out, "},\n \"calls\": {");
@@ -321,11 +324,14 @@ bool stats_write_text(int fd, const struct stats_report *report)
     }
     if (c->program_registrations != 0 || c->unregister_program != 0)
         out_format(&out,
-                   "pinshim:   program: registered %llu range(s) itself (the shim gave up %llu "
-                   "of its own there), unregistered %llu, %llu taken back\n",
+                   "pinshim:   program: registered %llu range(s) itself (%llu handed over by the "
+                   "shim without a call, %llu of the shim's given up first), unregistered %llu "
+                   "(%llu kept by the shim without a call, %llu taken back)\n",
                    (unsigned long long)c->program_registrations,
+                   (unsigned long long)report->program_handed_over,
                    (unsigned long long)c->unregister_program,
                    (unsigned long long)report->program_unregistrations,
+                   (unsigned long long)report->program_kept,
                    (unsigned long long)report->program_took_back);
     out_format(&out,
                "pinshim:   register: %llu already registered by the program, %llu below "

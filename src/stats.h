@@ -34,6 +34,7 @@ struct stats_report {
     uint64_t contexts_created; /* by the shim (PINSHIM_CONTEXT=create only) */
     struct pinshim_counters counters;
     uint64_t skipped_disabled;
+    uint64_t skipped_cuda_library;
     uint64_t skipped_address;
     uint64_t skipped_onfault_pages;
     uint64_t exit_unloading;
@@ -47,6 +48,7 @@ struct stats_report {
     uint64_t wait_nanoseconds, background_nanoseconds;
     /* The program's own registrations. */
     uint64_t program_unregistrations, program_took_back, gone_with_context;
+    uint64_t program_handed_over, program_kept;
     size_t device_count; /* devices[0..device_count) */
     struct {
         uint64_t registrations, bytes;

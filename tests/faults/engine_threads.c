@@ -228,7 +228,7 @@ static void *work(void *argument)
             uintptr_t range[2] = {start, end};
             struct engine_call registering = {program_register, range};
             struct engine_call unregistering = {program_unregister, range};
-            if (engine_program_register(&engine, start, end - start, &registering) == 0)
+            if (engine_program_register(&engine, start, end - start, 0, &registering) == 0)
                 engine_program_unregister(&engine, start, &unregistering);
             break;
         }

@@ -112,6 +112,7 @@ def program_lines(out):
 # meets the shim's registration.
 SETTINGS = [
     {"PINSHIM_CONTEXT": "create", "PINSHIM_ASYNC": "off"},
+    {"PINSHIM_CONTEXT": "program", "PINSHIM_ASYNC": "off"},
     {"PINSHIM_CONTEXT": "create", "PINSHIM_ASYNC": "on"},
     {"PINSHIM_CONTEXT": "program", "PINSHIM_ASYNC": "on"},
 ]
@@ -135,7 +136,14 @@ class ThroughTheGlobalScope(unittest.TestCase):
                 self.assertIn("state: at the end: pointer type 0", out)
                 self.assertEqual(stats["program"]["registrations"], 1)
                 self.assertEqual(stats["program"]["unregistrations"], 1)
-                self.assertEqual(stats["program"]["taken_back"], 1)
+                # Its registration was one the shim would make: kept as the
+                # shim's, without a call (issue 17).
+                self.assertEqual(stats["program"]["kept"], 1)
+                self.assertEqual(stats["program"]["taken_back"], 0)
+                if settings == {"PINSHIM_CONTEXT": "create", "PINSHIM_ASYNC": "off"}:
+                    # Registered in mlock: the program's register is handed
+                    # the shim's registration.
+                    self.assertEqual(stats["program"]["handed_over"], 1)
                 self.assertEqual(stats["live"]["ranges"], 0)
                 self.assertEqual(stats["warnings"], 0)
 

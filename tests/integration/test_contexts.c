@@ -155,9 +155,9 @@ Test(contexts, worker_thread_registers_in_the_programs_context_by_default)
     expect_program_contexts(NULL);
 }
 
-Test(contexts, worker_thread_registers_in_the_programs_context_synchronously)
+Test(contexts, worker_thread_registers_in_the_programs_context_from_the_registration_thread)
 {
-    const char *settings[] = {"PINSHIM_ASYNC=off", NULL};
+    const char *settings[] = {"PINSHIM_ASYNC=on", NULL};
     expect_program_contexts(settings);
 }
 
@@ -305,7 +305,7 @@ Test(contexts, releasing_pending_ranges_drops_them)
 static void expect_queued_cancelled_in_flight_waited(const char *how)
 {
     struct run run;
-    const char *settings[] = {"FAKE_CUDA_REGISTER_SECONDS_PER_GIB=10000",
+    const char *settings[] = {"PINSHIM_ASYNC=on", "FAKE_CUDA_REGISTER_SECONDS_PER_GIB=10000",
                               "FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB=0", NULL};
     run_scenario(&run, "release-queued-in-flight", how, settings);
     cr_assert_eq(printed_number(&run, "first_in_flight"), 1);

@@ -1020,7 +1020,8 @@ Test(engine, program_registration_takes_the_pages_over)
     /* The program registers bytes inside pages 10..20 itself. */
     uintptr_t program[2] = {A(10 * PAGE) + 100, A(20 * PAGE) - 100};
     struct engine_call call = {run_program_register, program};
-    cr_assert_eq(engine_program_register(&engine, program[0], program[1] - program[0], &call), 0);
+    cr_assert_eq(engine_program_register(&engine, program[0], program[1] - program[0], 0, &call),
+                 0);
     uintptr_t expected[] = {A(0), A(10 * PAGE), A(20 * PAGE), A(64 * PAGE)};
     expect_ranges(expected, 2);
     cr_assert_eq(mock.overlap_violations, 0);
@@ -1043,7 +1044,7 @@ Test(engine, program_unregistration_lets_the_shim_take_the_pages_back)
     lock(A(0), 64 * PAGE);
     uintptr_t program[2] = {A(10 * PAGE), A(20 * PAGE)};
     struct engine_call call = {run_program_register, program};
-    engine_program_register(&engine, program[0], program[1] - program[0], &call);
+    engine_program_register(&engine, program[0], program[1] - program[0], 0, &call);
     mock.locked[0][0] = A(0);
     mock.locked[0][1] = A(64 * PAGE); /* still locked in the kernel */
     mock.locked_count = 1;
@@ -1063,7 +1064,7 @@ Test(engine, take_back_follows_the_registry_without_asking_the_kernel)
     lock(A(0), 64 * PAGE);
     uintptr_t program[2] = {A(10 * PAGE), A(20 * PAGE)};
     struct engine_call call = {run_program_register, program};
-    engine_program_register(&engine, program[0], program[1] - program[0], &call);
+    engine_program_register(&engine, program[0], program[1] - program[0], 0, &call);
     mock.locked_count = 0; /* the kernel view would say: nothing locked */
     uint64_t asked = mock.locked_parts_calls;
     struct engine_call undo = {run_program_unregister, program};
@@ -1080,7 +1081,7 @@ Test(engine, take_back_of_what_was_unlocked_and_locked_under_the_program)
 {
     uintptr_t program[2] = {A(0), A(64 * PAGE)};
     struct engine_call call = {run_program_register, program};
-    cr_assert_eq(engine_program_register(&engine, program[0], 64 * PAGE, &call), 0);
+    cr_assert_eq(engine_program_register(&engine, program[0], 64 * PAGE, 0, &call), 0);
     lock(A(0), 32 * PAGE); /* the program's: nothing registered by the shim */
     expect_ranges(NULL, 0);
     unlock(A(0), A(16 * PAGE), RELEASE_MUNLOCK);
@@ -1101,7 +1102,7 @@ Test(engine, asynchronous_take_back_is_cancelled_by_the_unlock_after_it)
     uintptr_t program[2] = {A(0), A(64 * PAGE)};
     lock(A(0), 64 * PAGE);
     struct engine_call call = {run_program_register, program};
-    cr_assert_eq(engine_program_register(&engine, program[0], 64 * PAGE, &call), 0);
+    cr_assert_eq(engine_program_register(&engine, program[0], 64 * PAGE, 0, &call), 0);
     struct engine_call undo = {run_program_unregister, program};
     cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
     cr_assert_eq(engine.queued_ranges, 1, "the take-back was not queued");
@@ -1118,7 +1119,7 @@ Test(engine, program_registration_drops_queued_and_pending_ranges)
     lock(A(0), 64 * PAGE);
     uintptr_t program[2] = {A(0), A(64 * PAGE)};
     struct engine_call call = {run_program_register, program};
-    engine_program_register(&engine, program[0], 64 * PAGE, &call);
+    engine_program_register(&engine, program[0], 64 * PAGE, 0, &call);
     engine_worker_run(&engine, 1000000, false);
     cr_assert_eq(mock.register_calls, 0, "the shim registered what the program took");
     expect_ranges(NULL, 0);
@@ -1133,7 +1134,7 @@ Test(engine, a_failed_program_registration_gives_the_pages_back)
     /* The program's range reaches memory it registered before: 712 for it. */
     uintptr_t program[2] = {A(32 * PAGE), A(101 * PAGE)};
     struct engine_call call = {run_program_register, program};
-    cr_assert_eq(engine_program_register(&engine, program[0], program[1] - program[0], &call),
+    cr_assert_eq(engine_program_register(&engine, program[0], program[1] - program[0], 0, &call),
                  ENGINE_CUDA_ALREADY_REGISTERED);
     uintptr_t expected[] = {A(0), A(32 * PAGE), A(32 * PAGE), A(64 * PAGE)};
     expect_ranges(expected, 2);

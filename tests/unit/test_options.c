@@ -322,7 +322,7 @@ static struct pinshim_config load_all_set(bool secure_execution)
         [OPT_STATS] = "/tmp/x.json", [OPT_STATS_ALL] = "1",
         [OPT_LOG] = "warn",          [OPT_BLOCK_SIZE] = "allocator",
         [OPT_CONTEXT] = "create",    [OPT_DEVICE] = "2",
-        [OPT_ASYNC] = "off",         [OPT_MAX_REGISTRATION] = "1G",
+        [OPT_ASYNC] = "on",          [OPT_MAX_REGISTRATION] = "1G",
         [OPT_ONFAULT] = "skip",      [OPT_FORK] = "dontfork",
         [OPT_FORK_WARN] = "0",
     };
