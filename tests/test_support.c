@@ -447,3 +447,50 @@ Test(child, files_and_directories)
     cr_assert_neq(stat(directory, &info), 0, "removed");
     free(directory);
 }
+
+static bool starts_with(const char *text, const char *prefix)
+{
+    return strncmp(text, prefix, strlen(prefix)) == 0;
+}
+
+/* For the files a test hands to another user: under TMPDIR when that user can
+ * reach it, else under /tmp (issue 23: TMPDIR or the checkout may be private). */
+Test(child, shared_temp_dir_passes_over_a_private_tmpdir)
+{
+    char why[8192];
+    unsetenv("TMPDIR");
+    char *shared = make_shared_temp_dir(why, sizeof why);
+    if (shared == NULL)
+        cr_skip_test("%s", why);
+    struct stat info;
+    cr_assert_eq(stat(shared, &info), 0);
+    cr_assert_eq(info.st_mode & 07777, 0755, "mode %o", (unsigned)(info.st_mode & 07777));
+    cr_assert(starts_with(shared, "/tmp/pinshim-shared-"), "%s", shared);
+
+    char open_dir[512], closed_dir[512], inside_closed[512];
+    snprintf(open_dir, sizeof open_dir, "%s/open", shared);
+    snprintf(closed_dir, sizeof closed_dir, "%s/closed", shared);
+    snprintf(inside_closed, sizeof inside_closed, "%s/closed/inner", shared);
+    cr_assert_eq(mkdir(open_dir, 0755), 0);
+    cr_assert_eq(chmod(open_dir, 0755), 0);
+    cr_assert_eq(mkdir(closed_dir, 0700), 0);
+    cr_assert_eq(mkdir(inside_closed, 0755), 0);
+    cr_assert_eq(chmod(inside_closed, 0755), 0);
+
+    setenv("TMPDIR", open_dir, 1);
+    char *used = make_shared_temp_dir(why, sizeof why);
+    cr_assert_not_null(used, "%s", why);
+    cr_assert(starts_with(used, open_dir), "%s is not under TMPDIR %s", used, open_dir);
+    free(used);
+
+    setenv("TMPDIR", inside_closed, 1);
+    used = make_shared_temp_dir(why, sizeof why);
+    cr_assert_not_null(used, "%s", why);
+    cr_assert(starts_with(used, "/tmp/pinshim-shared-") && !starts_with(used, shared),
+              "%s: TMPDIR %s is closed to other users", used, inside_closed);
+    cr_assert(remove_tree(used));
+    free(used);
+
+    cr_assert(remove_tree(shared));
+    free(shared);
+}

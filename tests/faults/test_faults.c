@@ -173,34 +173,40 @@ Test(faults, unregister_failures_every_nth_call, .timeout = 120)
 
 /* ---- (b) mlock refused by RLIMIT_MEMLOCK, as an unprivileged user ---- */
 
-/* The program and the libraries are copied to a directory every user can
- * read: the build tree may be private. */
+/* Everything the unprivileged user loads or runs (the program, the shim, the
+ * fake runtime and the fake driver it loads) is copied to a directory that
+ * user can reach: the build tree may sit in a directory it cannot enter (a
+ * 0700 home). run_limited itself starts as root and needs no copy. */
 struct unprivileged_copy {
     char *directory;
-    char program[HARNESS_PATH_MAX], shim[HARNESS_PATH_MAX], cudart[HARNESS_PATH_MAX];
+    char program[HARNESS_PATH_MAX], shim[HARNESS_PATH_MAX];
+    char cudart[HARNESS_PATH_MAX + 32], driver[HARNESS_PATH_MAX + 32]; /* settings */
 };
 
 static void copy_for_everyone(struct unprivileged_copy *copy)
 {
-    copy->directory = make_temp_dir();
-    cr_assert_not_null(copy->directory);
-    cr_assert_eq(chmod(copy->directory, 0755), 0);
-    cr_assert(harness_copy_file(harness_env("LOCK_ERRORS"), copy->directory, "lock_errors", 0755));
+    char why[2 * HARNESS_PATH_MAX];
+    copy->directory = make_shared_temp_dir(why, sizeof(why));
+    if (copy->directory == NULL)
+        cr_skip_test("cannot hand the programs to the unprivileged user: %s", why);
+    const char *directory = copy->directory;
+    cr_assert(harness_copy_file(harness_env("LOCK_ERRORS"), directory, "lock_errors", 0755));
+    cr_assert(harness_copy_file(harness_env("PINSHIM_LIB"), directory, "libpinshim.so", 0755));
+    cr_assert(harness_copy_file(harness_env("FAKE_CUDART"), directory, "libfake_cudart.so", 0755));
     cr_assert(
-        harness_copy_file(harness_env("PINSHIM_LIB"), copy->directory, "libpinshim.so", 0755));
-    cr_assert(
-        harness_copy_file(harness_env("FAKE_CUDART"), copy->directory, "libfake_cudart.so", 0755));
-    snprintf(copy->program, sizeof(copy->program), "%s/lock_errors", copy->directory);
-    snprintf(copy->shim, sizeof(copy->shim), "%s/libpinshim.so", copy->directory);
-    snprintf(copy->cudart, sizeof(copy->cudart), "PINSHIM_CUDART=%s/libfake_cudart.so",
-             copy->directory);
+        harness_copy_file(harness_env("FAKE_CUDA_DRIVER_PATH"), directory, "libcuda.so.1", 0755));
+    snprintf(copy->program, sizeof(copy->program), "%s/lock_errors", directory);
+    snprintf(copy->shim, sizeof(copy->shim), "%s/libpinshim.so", directory);
+    snprintf(copy->cudart, sizeof(copy->cudart), "PINSHIM_CUDART=%s/libfake_cudart.so", directory);
+    /* The fake runtime loads its driver by the build tree's path unless told. */
+    snprintf(copy->driver, sizeof(copy->driver), "FAKE_CUDA_DRIVER=%s/libcuda.so.1", directory);
 }
 
 static void run_limited(struct harness_run *run, const struct unprivileged_copy *copy,
                         const char *limit, bool with_shim, const char *min_bytes)
 {
     const char *argv[] = {harness_env("RUN_LIMITED"), limit, copy->program, NULL};
-    const char *env[] = {copy->cudart, min_bytes, NULL};
+    const char *env[] = {copy->cudart, copy->driver, min_bytes, NULL};
     struct harness_options options = {
         .preload = with_shim ? copy->shim : NULL, .env = env, .shared_directory = true};
     harness_run(run, argv, &options);

@@ -303,9 +303,12 @@ static void secure_setup(struct secure_setup *setup)
         cr_skip_test("no unprivileged user 'nobody' to run the setuid program as");
     snprintf(setup->uid_option, sizeof(setup->uid_option), "--reuid=%d", (int)nobody->pw_uid);
     snprintf(setup->gid_option, sizeof(setup->gid_option), "--regid=%d", (int)nobody->pw_gid);
-    setup->directory = make_temp_dir();
-    cr_assert_not_null(setup->directory);
-    cr_assert_eq(chmod(setup->directory, 0755), 0);
+    /* What the user runs and loads is copied where it can reach it: the
+     * build tree may sit in a directory it cannot enter (a 0700 home). */
+    char why[1024];
+    setup->directory = make_shared_temp_dir(why, sizeof(why));
+    if (setup->directory == NULL)
+        cr_skip_test("cannot hand the programs to the user nobody: %s", why);
     snprintf(setup->program, sizeof(setup->program), "%s/load_shim_setuid", setup->directory);
     snprintf(setup->plain, sizeof(setup->plain), "%s/load_shim_plain", setup->directory);
     snprintf(setup->library, sizeof(setup->library), "%s/libpinshim.so", setup->directory);
@@ -317,16 +320,6 @@ static void secure_setup(struct secure_setup *setup)
     cr_assert(copy_file(required_env("PINSHIM_LIB"), setup->library, 0644));
     cr_assert_eq(mkdir(setup->out, 0777), 0);
     cr_assert_eq(chmod(setup->out, 0777), 0);
-    /* The path to the copies must be searchable by the user. */
-    char parent[512];
-    snprintf(parent, sizeof(parent), "%s", setup->directory);
-    for (char *slash = strrchr(parent, '/'); slash != NULL && slash != parent;
-         slash = strrchr(parent, '/')) {
-        *slash = '\0';
-        struct stat info;
-        if (stat(parent, &info) != 0 || (info.st_mode & 0001) == 0)
-            cr_skip_test("%s is not searchable by other users (TMPDIR)", parent);
-    }
 }
 
 static void secure_teardown(struct secure_setup *setup)

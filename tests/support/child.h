@@ -32,6 +32,13 @@ char *read_file_text(const char *path);
  * malloc'd path, or NULL. */
 char *make_temp_dir(void);
 
+/* A new empty directory of mode 0755 for the files a test hands to another
+ * user (nobody): $TMPDIR/pinshim-shared-XXXXXX when that user can reach and
+ * run programs from $TMPDIR, else the same under /tmp. The build tree and
+ * TMPDIR may sit in a directory other users cannot enter (a 0700 home,
+ * mktemp -d). The malloc'd path, or NULL with the reason in why (one line). */
+char *make_shared_temp_dir(char *why, size_t why_size);
+
 /* Removes path and everything under it (not following symlinks). */
 bool remove_tree(const char *path);
 
