@@ -1083,8 +1083,9 @@ static bool check_disabled_child(struct context *context, const struct context *
 static bool check_runtime(struct context *context, const struct context *scope)
 {
     context->checks++;
-    /* With the shim's registration thread (PINSHIM_ASYNC=on), what was
-     * locked so far is registered once it has caught up. */
+    /* With the shim's registration thread (PINSHIM_ASYNC=on, MODEL_DRAIN=1),
+     * what was locked so far is registered once it has caught up; by default
+     * it is registered when the lock call returns, and checked so. */
     if (shim_drain != NULL && !child_registration_disabled)
         shim_drain();
     bool ok = check_model_consistent(context, scope);
@@ -4139,7 +4140,11 @@ int main(int argc, char **argv)
     shim_is_registered = (int (*)(const void *))dlsym(RTLD_DEFAULT, "pinshim_is_registered");
     shim_get_counters =
         (size_t(*)(struct pinshim_counters *, size_t))dlsym(RTLD_DEFAULT, "pinshim_get_counters");
-    shim_drain = (size_t(*)(void))dlsym(RTLD_DEFAULT, "pinshim_drain");
+    /* MODEL_DRAIN=1: wait for the registration thread before each check;
+     * else nothing waits, and what is locked must be registered when the
+     * lock call returns. */
+    if (getenv("MODEL_DRAIN") != NULL && getenv("MODEL_DRAIN")[0] == '1')
+        shim_drain = (size_t(*)(void))dlsym(RTLD_DEFAULT, "pinshim_drain");
     if (shim_is_registered == NULL || getenv("PINSHIM_CUDART") == NULL) {
         printf("model_random: libpinshim.so is not preloaded or PINSHIM_CUDART is unset\n");
         return EXIT_HARNESS;

@@ -28,13 +28,17 @@ struct run_options {
     bool smaps_checks;     /* FAKE_CUDART_CHECK=1: the runtime checks every call */
     const char *min_bytes; /* PINSHIM_MIN_BYTES; NULL: 16K, so small and large locks occur */
     bool slow_unregister;  /* the slow runtime (SLOW_RUNTIME): each cudaHostUnregister 1 ms */
-    /* The shim as PINSHIM_CONTEXT=create, PINSHIM_ASYNC=off: the runtime
-     * loaded at the first large lock, registrations inside the lock call.
-     * Otherwise as users get it by default: the program initialises CUDA
-     * (MODEL_PROGRAM_CONTEXT=1, the fake runtime on the fake driver), the
-     * shim registers into its context from its registration thread, and
-     * model_random waits for that thread (pinshim_drain) before it checks. */
+    /* The shim as PINSHIM_CONTEXT=create: the runtime loaded at the first
+     * large lock. Otherwise as users get it by default: the program
+     * initialises CUDA (MODEL_PROGRAM_CONTEXT=1, the fake runtime on the fake
+     * driver) and the shim registers into its context. */
     bool create_mode;
+    /* PINSHIM_ASYNC=on: the shim's registration thread registers, and
+     * model_random waits for it (pinshim_drain, MODEL_DRAIN=1) before it
+     * checks. Otherwise (the default) registration happens inside the lock
+     * call, and model_random checks right after each call, waiting for
+     * nothing. */
+    bool asynchronous;
 };
 
 /* Runs model_random with args (NULL-terminated). */
@@ -64,8 +68,9 @@ static int run_model(struct child_result *result, const char *const *args,
         "FAKE_CUDART_UNLOAD_AT_EXIT=",
         options.slow_unregister ? "SLOW_RUNTIME_UNREGISTER_MS=1" : "SLOW_RUNTIME_UNREGISTER_MS=",
         "SLOW_RUNTIME_LOAD_MS=",
-        options.create_mode ? "PINSHIM_CONTEXT=create" : "PINSHIM_CONTEXT=program",
-        options.create_mode ? "PINSHIM_ASYNC=off" : "PINSHIM_ASYNC=on",
+        options.create_mode ? "PINSHIM_CONTEXT=create" : "PINSHIM_CONTEXT=",
+        options.asynchronous ? "PINSHIM_ASYNC=on" : "PINSHIM_ASYNC=",
+        options.asynchronous ? "MODEL_DRAIN=1" : "MODEL_DRAIN=",
         options.create_mode ? "MODEL_PROGRAM_CONTEXT=" : "MODEL_PROGRAM_CONTEXT=1",
         NULL};
     const char *argv[32];
@@ -280,6 +285,26 @@ Test(model, other_min_bytes, .timeout = 300)
         cr_expect_gt(totals.lock_registering, 0, "PINSHIM_MIN_BYTES=%s", settings[i]);
         cr_expect_gt(totals.munlock_registered, 0, "PINSHIM_MIN_BYTES=%s", settings[i]);
     }
+}
+
+/* Asynchronous registration stays a tested mode: the registration thread
+ * registers, model_random waits for it before each check (MODEL_DRAIN=1). */
+Test(model, volume_asynchronous, .timeout = 300)
+{
+    struct coverage_totals totals = {0};
+    run_seeds(61, 5, "2000", NULL, (struct run_options){.asynchronous = true}, &totals);
+    cr_assert_eq(totals.ops, 10000);
+    expect_broad_coverage(&totals);
+}
+
+Test(model, eight_threads_asynchronous, .timeout = 300)
+{
+    struct coverage_totals totals = {0};
+    const char *args[] = {"--seed",          "71", "--threads",   "8",     "--ops", "2000",
+                          "--barrier-every", "50", "--fork-rate", "0.002", NULL};
+    expect_pass(&totals, args, (struct run_options){.asynchronous = true});
+    cr_assert_eq(totals.ops, 16000);
+    expect_broad_coverage(&totals);
 }
 
 /* 8 threads on their own objects; at a barrier every 50 ops one thread checks
