@@ -111,12 +111,18 @@ void cuda_driver_after_fork(void)
     pthread_mutex_init(&find_mutex, NULL);
 }
 
-bool cuda_driver_initialized(struct cuda_driver *driver)
+bool cuda_driver_seen_initialized(const struct cuda_driver *driver)
 {
-    if (!cuda_driver_find(driver))
-        return false;
-    uintptr_t context = 0;
-    return driver->ctx_get_current(&context) != CUDA_DRIVER_NOT_INITIALIZED;
+    return __atomic_load_n(&driver->seen_initialized, __ATOMIC_RELAXED);
+}
+
+/* cuCtxGetCurrent, noting whether the driver is initialised. */
+static int current_context(struct cuda_driver *driver, uintptr_t *current)
+{
+    int error = driver->ctx_get_current(current);
+    if (error != CUDA_DRIVER_NOT_INITIALIZED && !driver->seen_initialized)
+        __atomic_store_n(&driver->seen_initialized, true, __ATOMIC_RELAXED);
+    return error;
 }
 
 /* Whether device's primary context is active: the program (or its runtime)
@@ -157,7 +163,7 @@ bool cuda_driver_thread_place(struct cuda_driver *driver, struct range_place *pl
 {
     *place = (struct range_place){.device = -1};
     uintptr_t current = 0;
-    return cuda_driver_find(driver) && driver->ctx_get_current(&current) == CUDA_DRIVER_SUCCESS &&
+    return cuda_driver_find(driver) && current_context(driver, &current) == CUDA_DRIVER_SUCCESS &&
            current_place(driver, current, place);
 }
 
@@ -169,7 +175,7 @@ enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool fro
     if (!cuda_driver_find(driver))
         return ENGINE_PLACE_DEFER; /* no driver: CUDA is not initialised here */
     uintptr_t current = 0;
-    int error = driver->ctx_get_current(&current);
+    int error = current_context(driver, &current);
     if (error == CUDA_DRIVER_NOT_INITIALIZED)
         return ENGINE_PLACE_DEFER; /* loaded, not initialised (yet) */
     if (error == CUDA_DRIVER_DEINITIALIZED)

@@ -45,6 +45,7 @@ struct cuda_driver {
     int (*get_error_name)(int error, const char **name);
     int (*driver_get_version)(int *version);
     bool found;
+    bool seen_initialized; /* a call answered anything but NOT_INITIALIZED */
     char path[512];
 };
 
@@ -77,9 +78,11 @@ int cuda_driver_register(struct cuda_driver *driver, const struct range_place *p
                          size_t length, unsigned flags);
 int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place *place, void *base);
 
-/* Whether the process has initialised the driver (cuInit): a probe that never
- * initialises anything. False when the driver is not loaded. */
-bool cuda_driver_initialized(struct cuda_driver *driver);
+/* Whether the shim has seen the driver initialised (cuInit) in this process:
+ * noted whenever the shim asks it anything, so that a fork handler can tell
+ * without calling into the driver (whose own fork handlers may hold its
+ * locks by then). */
+bool cuda_driver_seen_initialized(const struct cuda_driver *driver);
 
 const char *cuda_driver_error_name(struct cuda_driver *driver, int error);
 

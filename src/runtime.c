@@ -399,11 +399,10 @@ static void before_fork(void)
 {
     if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != INIT_DONE)
         return;
-    if (!cuda_used_here && runtime_config.context_mode == CONTEXT_PROGRAM && driver.found) {
-        runtime_guard_enter();
-        cuda_used_here = cuda_driver_initialized(&driver);
-        runtime_guard_leave();
-    }
+    /* Never a call into the driver here: its own fork handlers ran first
+     * and may hold its locks. What the shim saw of it says enough. */
+    if (!cuda_used_here && runtime_config.context_mode == CONTEXT_PROGRAM && driver.found)
+        cuda_used_here = cuda_driver_seen_initialized(&driver);
     if (runtime_config.fork_mode == FORK_COPY && runtime_config.fork_warn_bytes != 0 &&
         engine_has_registrations(&runtime_engine)) {
         uint64_t live = engine_live_bytes(&runtime_engine);

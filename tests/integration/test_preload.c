@@ -23,6 +23,12 @@ static const char *required_env(const char *name)
     return value;
 }
 
+static bool create_mode(void)
+{
+    const char *mode = getenv("PRELOAD_MODE");
+    return mode != NULL && strcmp(mode, "create") == 0;
+}
+
 struct run {
     struct child_result result;
     char *directory;
@@ -46,10 +52,17 @@ static void run_scenario(struct run *run, const char *scenario, const char *cons
     snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s", required_env("FAKE_CUDART"));
     snprintf(stats, sizeof(stats), "PINSHIM_STATS=%s", run->stats_path);
     snprintf(log, sizeof(log), "FAKE_CUDART_LOG=%s", run->log_path);
+    /* PRELOAD_MODE=create: the shim loads the runtime itself at the first
+     * lock; otherwise (the default) the program is a GPU program that
+     * initialises CUDA first, and the shim registers into its context. */
+    bool create = create_mode();
     const char *defaults[] = {preload,
                               cudart,
                               stats,
                               log,
+                              create ? "PINSHIM_CONTEXT=create" : "PINSHIM_CONTEXT=",
+                              create ? "SCENARIOS_USE_CUDA=" : "SCENARIOS_USE_CUDA=1",
+                              "PINSHIM_ASYNC=",
                               "REQUIRE_SHIM=1",
                               "PINSHIM_LOG=",
                               "PINSHIM_MIN_BYTES=",
@@ -123,6 +136,43 @@ static size_t count_lines_with(const char *text, const char *needle)
     for (const char *at = text; (at = strstr(at, needle)) != NULL; at += strlen(needle))
         count++;
     return count;
+}
+
+/* The unregistration call the shim makes, by mode (the driver's in the
+ * program's context, or the runtime's it loaded), and the name of
+ * cudaErrorMemoryAllocation there. */
+static const char *unregister_call(void)
+{
+    return create_mode() ? "cudaHostUnregister" : "cuMemHostUnregister";
+}
+
+static const char *out_of_memory_name(void)
+{
+    return create_mode() ? "cudaErrorMemoryAllocation" : "CUDA_ERROR_OUT_OF_MEMORY";
+}
+
+/* Program mode, when the program could not initialise CUDA (no runtime, no
+ * driver, no device): it runs as without the shim, nothing is registered,
+ * the shim says nothing and holds the locked ranges waiting for a context. */
+static void run_scenario(struct run *run, const char *scenario, const char *const *settings);
+static void expect_passed(const struct run *run, const char *scenario);
+static double stat_number(const struct run *run, const char *key);
+static void expect_no_context(const char *const *settings)
+{
+    const char *scenarios[] = {"basic", "threads", "mremap", "mremap_dontunmap", "fork"};
+    for (size_t i = 0; i < 5; i++) {
+        struct run run;
+        run_scenario(&run, scenarios[i], settings);
+        expect_passed(&run, scenarios[i]);
+        cr_assert(strstr(run.result.out, "NOTE the program's CUDA initialisation returned 0") ==
+                      NULL,
+                  "%s", run.result.out);
+        cr_assert_eq(count_lines_with(run.result.err, "pinshim:"), 0, "%s", run.result.err);
+        cr_assert_eq(stat_number(&run, "register.ok"), 0);
+        cr_assert_geq(stat_number(&run, "deferred.ranges"), 1, "%s", run.stats);
+        cr_assert_eq(stat_number(&run, "deferred.registered_later"), 0);
+        run_free(&run);
+    }
 }
 
 static const char *const scenario_names[] = {"basic",
@@ -203,8 +253,10 @@ Test(preload, every_scenario_keeps_the_invariant, .timeout = 240)
         if (strcmp(scenario_names[i], "future_locked") == 0 &&
             strstr(run.result.out, "NOTE mlockall failed") == NULL)
             source = "malloc_usable_size";
-        expect_block_size_source(&run, run.have_log ? source : "unused");
-        if (run.have_log)
+        /* Something reached the driver: a lock that may register. */
+        bool used = run.have_log && run.log.total.register_calls > 0;
+        expect_block_size_source(&run, used ? source : "unused");
+        if (used)
             expect_clean_runtime(&run);
         else /* the runtime was never loaded: nothing reached PINSHIM_MIN_BYTES */
             cr_assert_eq(stat_number(&run, "register.ok"), 0, "%s", scenario_names[i]);
@@ -240,8 +292,15 @@ Test(preload, stats_count_what_happened)
     cr_assert_eq(stat_number(&run, "live.ranges"), 0);
     cr_assert_gt(stat_number(&run, "register.bytes"), 1 << 20);
     cr_assert_eq(stat_number(&run, "pid"), (double)run.log.processes[0].pid);
-    bool loaded = false;
-    cr_assert(json_lite_get_bool(run.stats, "cudart.loaded", &loaded) && loaded);
+    if (create_mode()) {
+        bool loaded = false;
+        cr_assert(json_lite_get_bool(run.stats, "cudart.loaded", &loaded) && loaded);
+    } else {
+        char driver[512] = "";
+        cr_assert(json_lite_get_string(run.stats, "context.driver", driver, sizeof(driver)) &&
+                      strstr(driver, "libcuda.so.1") != NULL,
+                  "%s", run.stats);
+    }
     run_free(&run);
 
     run_scenario(&run, "free_locked", NULL);
@@ -291,7 +350,9 @@ Test(preload, runtime_exporting_only_the_two_required_calls)
 {
     char cudart[1024];
     snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s", required_env("FAKE_CUDART_MINIMAL"));
-    const char *settings[] = {cudart, "EXPECT_REGISTRATION=skip", NULL};
+    /* The shim loads this runtime itself: create mode, whatever the suite. */
+    const char *settings[] = {cudart, "EXPECT_REGISTRATION=skip", "PINSHIM_CONTEXT=create",
+                              "SCENARIOS_USE_CUDA=", NULL};
     struct run run;
     run_scenario(&run, "basic", settings);
     expect_passed(&run, "basic");
@@ -301,9 +362,16 @@ Test(preload, runtime_exporting_only_the_two_required_calls)
     run_free(&run);
 }
 
-/* Each broken-CUDA case: the program runs as without the shim, one warning. */
+/* Each broken-CUDA case: the program runs as without the shim. In create
+ * mode the shim tried to load and use the runtime itself: one warning. In
+ * program mode the program's own CUDA initialisation failed, so it has no
+ * context: the shim holds its locks waiting for one, quietly. */
 static void expect_mlock_only(const char *const *settings, const char *warning_part)
 {
+    if (!create_mode()) {
+        expect_no_context(settings);
+        return;
+    }
     const char *scenarios[] = {"basic", "threads", "mremap", "mremap_dontunmap", "fork"};
     for (size_t i = 0; i < 4; i++) {
         struct run run;
@@ -360,7 +428,8 @@ Test(faults, register_off_loads_nothing)
     bool loaded = true;
     cr_assert(json_lite_get_bool(run.stats, "cudart.loaded", &loaded));
     cr_assert_not(loaded);
-    cr_assert_not(run.have_log, "the fake runtime was used");
+    cr_assert_not(run.have_log && run.log.total.register_calls > 0,
+                  "the shim called the driver or the runtime");
     run_free(&run);
 }
 
@@ -373,7 +442,9 @@ Test(faults, every_third_registration_fails, .timeout = 120)
     expect_passed(&run, "threads");
     double failed = stat_number(&run, "register.failed");
     cr_assert_gt(failed, 0);
-    cr_assert_eq(stat_number(&run, "errors.cudaErrorMemoryAllocation"), failed);
+    char error_key[64];
+    snprintf(error_key, sizeof(error_key), "errors.%s", out_of_memory_name());
+    cr_assert_eq(stat_number(&run, error_key), failed);
     cr_assert_eq(failed, (double)fake_log_register_errors(&run.log.total, 2));
     /* The same failure warns once, not per call. */
     cr_assert_eq(count_lines_with(run.result.err, "pinshim:"), 1, "%s", run.result.err);
@@ -391,7 +462,7 @@ Test(faults, every_fourth_unregistration_fails, .timeout = 120)
     double failed = stat_number(&run, "unregister.failed");
     cr_assert_gt(failed, 0);
     cr_assert_eq(failed, (double)fake_log_unregister_errors(&run.log.total, 2));
-    cr_assert_eq(count_lines_with(run.result.err, "cudaHostUnregister"), 1, "%s", run.result.err);
+    cr_assert_eq(count_lines_with(run.result.err, unregister_call()), 1, "%s", run.result.err);
     run_free(&run);
 }
 
@@ -433,7 +504,10 @@ Test(observability, info_logs_each_registration_with_size_and_time)
     cr_assert(strstr(run.result.err, "pinshim: registered 0x") != NULL, "%s", run.result.err);
     cr_assert(strstr(run.result.err, " ms\n") != NULL);
     cr_assert(strstr(run.result.err, "pinshim: unregistered 0x") != NULL);
-    cr_assert(strstr(run.result.err, "pinshim: using CUDA runtime ") != NULL);
+    cr_assert(strstr(run.result.err, create_mode() ? "pinshim: using CUDA runtime "
+                                                   : "pinshim: registering into the program's "
+                                                     "CUDA context") != NULL,
+              "%s", run.result.err);
     run_free(&run);
 }
 

@@ -546,6 +546,19 @@ static const struct {
     {"threads", scenario_threads},
 };
 
+/* SCENARIOS_USE_CUDA=1: the program is a GPU program, as the shim's default
+ * (PINSHIM_CONTEXT=program) expects: it loads the runtime (PINSHIM_CUDART)
+ * and initialises CUDA before it locks anything, so that the shim registers
+ * into the context it made. A failure (no driver, no device) is the
+ * program's own business: it goes on without CUDA. */
+static void use_cuda_first(void)
+{
+    void *runtime = dlopen(getenv("PINSHIM_CUDART"), RTLD_NOW | RTLD_GLOBAL);
+    int (*cuda_free)(void *) = runtime ? (int (*)(void *))dlsym(runtime, "cudaFree") : NULL;
+    int error = cuda_free != NULL ? cuda_free(NULL) : -1;
+    printf("NOTE the program's CUDA initialisation returned %d\n", error);
+}
+
 int main(int argc, char **argv)
 {
     page = (size_t)sysconf(_SC_PAGESIZE);
@@ -570,6 +583,8 @@ int main(int argc, char **argv)
                 printf("FAIL libpinshim.so is not preloaded\n");
                 return 1;
             }
+            if (getenv("SCENARIOS_USE_CUDA") != NULL && getenv("SCENARIOS_USE_CUDA")[0] == '1')
+                use_cuda_first();
             scenarios[i].run();
             printf("%s %s\n", failures ? "FAIL" : "PASS", argv[1]);
             return failures ? 1 : 0;
