@@ -424,6 +424,7 @@ static void count_cuda_library_lock(void)
     int saved_errno = errno;
     runtime_ensure_initialized();
     engine_count(&runtime_engine.skipped_cuda_library);
+    engine_count(&runtime_engine.lock_calls);
     static int logged;
     if (__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED) == 0)
         log_info("locks made by the CUDA driver or runtime itself are passed through, not "

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -35,6 +36,9 @@ static const char *const config_variables[] = {
     "FAKE_CUDA_DRIVER_VERSION",
     "FAKE_CUDA_LOG",
     "FAKE_CUDA_DRIVER",
+    "FAKE_CUDA_READ_ONLY_REGISTER",
+    "FAKE_CUDA_HOST_PAGE_TABLES",
+    "FAKE_CUDA_LONGTERM_PINS",
 };
 
 /* Starts from a known configuration; checks off unless a test turns them on,
@@ -50,9 +54,23 @@ static void fresh_state(const char *extra_name, const char *extra_value)
     fake_cuda_reset(); /* linked here: loaded even before the runtime loads it */
 }
 
+/* Addresses for the bookkeeping tests, inside one readable and writable
+ * reservation of 8 TiB that is never touched (MAP_NORESERVE): the driver
+ * double refuses to register memory the real driver could not pin
+ * (unmapped, PROT_NONE), so even tests that only count need mapped pages. */
 static void *fake_address(uintptr_t offset)
 {
-    return (void *)(uintptr_t)(0x10000000u + offset);
+    static char *reservation;
+    const size_t size = (size_t)8 << 40;
+    if (reservation == NULL) {
+        void *memory = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        cr_assert(memory != MAP_FAILED, "an 8 TiB reservation: %s", strerror(errno));
+        reservation = memory;
+    }
+    /* 1 MiB before offset 0 is mapped too: some tests go below it. */
+    cr_assert_lt(offset, size - (1 << 20));
+    return reservation + (1 << 20) + offset;
 }
 
 static char *map_pages(size_t pages)
@@ -305,9 +323,11 @@ Test(fake_cudart, unlocked_register_is_a_violation)
     cr_assert_eq(fake_cudart_violation_count_of(FAKE_VIOLATION_REGISTER_NOT_LOCKED), 1);
     cr_assert_eq(fake_cudart_violation_count(), 1);
 
+    /* Unmapped: recorded as the shim's violation, and refused, as the real
+     * driver cannot pin a hole (NV_ERR_INVALID_ADDRESS: invalid value). */
     long page = sysconf(_SC_PAGESIZE);
     munmap(memory + page, (size_t)page);
-    cr_assert_eq(cudaHostRegister(memory + page, 100, 0), 0);
+    cr_assert_eq(cudaHostRegister(memory + page, 100, 0), 1);
     cr_assert_eq(fake_cudart_violation_count_of(FAKE_VIOLATION_REGISTER_UNMAPPED), 1);
 }
 
@@ -1502,17 +1522,19 @@ Test(fake_cuda, context_destroyed_while_a_registration_sleeps)
 /* 200 GiB locked without a page of memory: PROT_NONE, locked with
  * mlock2(MLOCK_ONFAULT) (VmFlags "lo lf"). A plain mlock would try to fault
  * every page in, which Linux refuses for PROT_NONE with ENOMEM. */
-Test(fake_cuda, a_200_gib_prot_none_locked_mapping_registers)
+Test(fake_cuda, a_200_gib_locked_reservation_registers)
 {
     fresh_state("FAKE_CUDART_CHECK", "1");
     const size_t bytes = 200 * (size_t)GiB;
-    void *memory = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    /* Readable and writable, as pinnable memory is; never touched. */
+    void *memory = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (memory == MAP_FAILED)
         cr_skip_test("cannot reserve 200 GiB of address space: %s", strerror(errno));
     if (syscall(SYS_mlock2, memory, bytes, MLOCK_ONFAULT) != 0) {
         int error = errno;
         munmap(memory, bytes);
-        cr_skip_test("mlock2(MLOCK_ONFAULT) of a 200 GiB PROT_NONE mapping failed (%s): "
+        cr_skip_test("mlock2(MLOCK_ONFAULT) of a 200 GiB reservation failed (%s): "
                      "needs root or CAP_IPC_LOCK, or RLIMIT_MEMLOCK above 200 GiB",
                      strerror(error));
     }
@@ -1683,4 +1705,183 @@ Test(fake_cuda, driver_teardown_at_exit)
                            "loaded=1\n"
                            "exit_driver=0\n"
                            "exit_runtime=713\n");
+}
+
+/* ---- What the real driver refuses to pin (fake_cuda.h). ---- */
+
+static void *map_file(const char *directory, int prot, int flags, size_t bytes, int *fd_out)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/pinshim-fake-XXXXXX", directory);
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0, "mkstemp in %s: %s", directory, strerror(errno));
+    unlink(path);
+    cr_assert_eq(ftruncate(fd, (off_t)bytes), 0);
+    void *memory = mmap(NULL, bytes, prot, flags, fd, 0);
+    cr_assert(memory != MAP_FAILED, "mmap: %s", strerror(errno));
+    *fd_out = fd;
+    return memory;
+}
+
+Test(fake_cuda, read_only_memory_needs_the_read_only_flag)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *memory = map_pages(4);
+    cr_assert_eq(mprotect(memory, 2 * page, PROT_READ), 0);
+    /* Pinned for write: refused (vllm-omni #6240: invalid argument). */
+    cr_assert_eq(cuMemHostRegister_v2(memory, 2 * page, 0), 1);
+    cr_assert_eq(cuMemHostRegister_v2(memory, 4 * page, 0), 1, "one read-only page is enough");
+    cr_assert_eq(cuMemHostRegister_v2(memory, 2 * page, FAKE_CU_MEMHOSTREGISTER_READ_ONLY), 0);
+    cr_assert_eq(cuMemHostRegister_v2(memory + 2 * page, 2 * page, 3), 0, "the writable rest");
+    cr_assert_eq(fake_cuda_live_count(), 2);
+    /* No read access at all: never. */
+    cr_assert_eq(mprotect(memory + 3 * page, page, PROT_NONE), 0);
+    char *other = map_pages(1);
+    cr_assert_eq(mprotect(other, page, PROT_NONE), 0);
+    cr_assert_eq(cuMemHostRegister_v2(other, page, FAKE_CU_MEMHOSTREGISTER_READ_ONLY), 1);
+    /* A hole. */
+    char *holed = map_pages(3);
+    cr_assert_eq(munmap(holed + page, page), 0);
+    cr_assert_eq(cuMemHostRegister_v2(holed, 3 * page, 0), 1);
+}
+
+Test(fake_cuda, read_only_flag_on_a_device_without_support_is_801)
+{
+    fresh_state("FAKE_CUDA_READ_ONLY_REGISTER", "1,0");
+    setenv("FAKE_CUDA_DEVICES", "2", 1);
+    fake_cuda_reload_config();
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *memory = map_pages(2);
+    cr_assert_eq(mprotect(memory, 2 * page, PROT_READ), 0);
+    init_and_make_current(1);
+    int supported = -1;
+    cr_assert_eq(cuDeviceGetAttribute(&supported, 113, 1), 0);
+    cr_assert_eq(supported, 0);
+    cr_assert_eq(cuMemHostRegister_v2(memory, page, FAKE_CU_MEMHOSTREGISTER_READ_ONLY), 801);
+    cr_assert_eq(cuDeviceGetAttribute(&supported, 113, 0), 0);
+    cr_assert_eq(supported, 1);
+    init_and_make_current(0);
+    cr_assert_eq(cuMemHostRegister_v2(memory, page, FAKE_CU_MEMHOSTREGISTER_READ_ONLY), 0);
+    /* The runtime asks the same. */
+    cr_assert_eq(cudaDeviceGetAttribute(&supported, 113, 1), 0);
+    cr_assert_eq(supported, 0);
+    cr_assert_eq(cudaDeviceGetAttribute(&supported, 99, 0), 0);
+    cr_assert_eq(supported, 1);
+    cr_assert_eq(cudaDeviceGetAttribute(&supported, 113, 7), 101, "no device 7");
+    unsetenv("FAKE_CUDA_DEVICES");
+}
+
+/* A directory on a file system that writes back (not tmpfs or ramfs), for
+ * shared file mappings that need dirty tracking; NULL when there is none. */
+static const char *writeback_directory(void)
+{
+    static const char *const candidates[] = {".", "/var/tmp", "/tmp"};
+    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
+        struct statfs fs;
+        if (statfs(candidates[i], &fs) == 0 && fs.f_type != 0x01021994 /* tmpfs */ &&
+            fs.f_type != (__typeof__(fs.f_type))0x858458f6 /* ramfs */ &&
+            access(candidates[i], W_OK) == 0)
+            return candidates[i];
+    }
+    return NULL;
+}
+
+Test(fake_cuda, writable_shared_file_mappings_are_not_long_term_pinnable)
+{
+    const char *build = writeback_directory();
+    if (build == NULL)
+        cr_skip_test("no writable directory on a disk file system (., /var/tmp, /tmp)");
+    fresh_state("FAKE_CUDA_LONGTERM_PINS", "1");
+    init_and_make_current(0);
+    size_t bytes = 4 * (size_t)sysconf(_SC_PAGESIZE);
+    int fd;
+    /* A file of a file system that writes back: refused for write... */
+    char *shared = map_file(build, PROT_READ | PROT_WRITE, MAP_SHARED, bytes, &fd);
+    cr_assert_eq(cuMemHostRegister_v2(shared, bytes, 0), 1);
+    /* ...fine read-only, and private (copy-on-write) or without long-term pins. */
+    cr_assert_eq(cuMemHostRegister_v2(shared, bytes, FAKE_CU_MEMHOSTREGISTER_READ_ONLY), 0);
+    close(fd);
+    char *private_map = map_file(build, PROT_READ | PROT_WRITE, MAP_PRIVATE, bytes, &fd);
+    cr_assert_eq(cuMemHostRegister_v2(private_map, bytes, 0), 0);
+    close(fd);
+    /* shmem: memfd, shared anonymous memory, /dev/shm. */
+    int memfd = (int)syscall(SYS_memfd_create, "fake", 0);
+    cr_assert_geq(memfd, 0);
+    cr_assert_eq(ftruncate(memfd, (off_t)bytes), 0);
+    void *memfd_map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    cr_assert(memfd_map != MAP_FAILED);
+    cr_assert_eq(cuMemHostRegister_v2(memfd_map, bytes, 0), 0);
+    void *anonymous = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_eq(cuMemHostRegister_v2(anonymous, bytes, 0), 0);
+    char *tmpfs = map_file("/dev/shm", PROT_READ | PROT_WRITE, MAP_SHARED, bytes, &fd);
+    cr_assert_eq(cuMemHostRegister_v2(tmpfs, bytes, 0), 0);
+    close(fd);
+
+    fresh_state("FAKE_CUDA_LONGTERM_PINS", "0");
+    init_and_make_current(0);
+    shared = map_file(build, PROT_READ | PROT_WRITE, MAP_SHARED, bytes, &fd);
+    cr_assert_eq(cuMemHostRegister_v2(shared, bytes, 0), 0, "a short-term pin is allowed");
+    close(fd);
+}
+
+Test(fake_cuda, with_host_page_tables_registration_only_populates)
+{
+    fresh_state("FAKE_CUDA_HOST_PAGE_TABLES", "1");
+    setenv("FAKE_CUDA_LONGTERM_PINS", "1", 1);
+    fake_cuda_reload_config();
+    init_and_make_current(0);
+    int uses = -1;
+    cr_assert_eq(cuDeviceGetAttribute(&uses, 100, 0), 0);
+    cr_assert_eq(uses, 1);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *memory = map_pages(2);
+    cr_assert_eq(mprotect(memory, 2 * page, PROT_READ), 0);
+    cr_assert_eq(cuMemHostRegister_v2(memory, 2 * page, 0), 0, "read-only needs no flag");
+    int fd;
+    const char *directory = writeback_directory();
+    if (directory != NULL) {
+        char *shared = map_file(directory, PROT_READ | PROT_WRITE, MAP_SHARED, 2 * page, &fd);
+        cr_assert_eq(cuMemHostRegister_v2(shared, 2 * page, 0), 0, "no long-term pin");
+        close(fd);
+    }
+    char *holed = map_pages(3);
+    cr_assert_eq(munmap(holed + page, page), 0);
+    cr_assert_eq(cuMemHostRegister_v2(holed, 3 * page, 0), 1, "a hole all the same");
+}
+
+Test(fake_cuda, host_alloc_locks_its_memory_itself_and_maps_it)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    void *memory = NULL;
+    cr_assert_eq(cuMemHostAlloc(&memory, 100000, 0), 0);
+    cr_assert_not_null(memory);
+    struct fake_cuda_registration registration;
+    cr_assert_eq(fake_cuda_lookup(memory, &registration), 1);
+    cr_assert_eq(registration.size % (size_t)sysconf(_SC_PAGESIZE), 0);
+    cr_assert_eq(cuMemHostRegister_v2(memory, 4096, 0), 712);
+    cr_assert_eq(cuMemHostUnregister(memory), 1, "not a registration");
+    unsigned long long device_pointer = 0;
+    cr_assert_eq(cuMemHostGetDevicePointer_v2(&device_pointer, (char *)memory + 8, 0), 0);
+    cr_assert_eq(device_pointer, (unsigned long long)(uintptr_t)memory + 8);
+    cr_assert_eq(cuMemHostGetDevicePointer_v2(&device_pointer, memory, 1), 1, "flags");
+    cr_assert_eq(cuMemFreeHost((char *)memory + 8), 1);
+    cr_assert_eq(cuMemFreeHost(memory), 0);
+    cr_assert_eq(fake_cuda_live_count(), 0);
+    /* The runtime's: cudaHostAlloc, cudaHostGetDevicePointer, cudaFreeHost. */
+    void *pinned = NULL, *device = NULL;
+    cr_assert_eq(cudaMallocHost(&pinned, 4096), 0);
+    cr_assert_eq(cudaHostGetDevicePointer(&device, pinned, 0), 0);
+    cr_assert_eq(device, pinned);
+    cr_assert_eq(cudaFreeHost(pinned), 0);
+    char *plain = map_pages(1);
+    cr_assert_eq(cudaHostGetDevicePointer(&device, plain, 0), 1, "not registered");
+    cr_assert_eq(cudaGetLastError(), 1);
+    cr_assert_eq(cudaHostRegister(plain, 4096, FAKE_CU_MEMHOSTREGISTER_PORTABLE), 0);
+    cr_assert_eq(cudaHostGetDevicePointer(&device, plain, 0), 1, "registered without DEVICEMAP");
+    cr_assert_eq(cudaHostUnregister(plain), 0);
+    cr_assert_eq(cudaHostRegister(plain, 4096, 0), 0);
+    cr_assert_eq(cudaHostGetDevicePointer(&device, plain, 0), 0, "the default maps it");
 }

@@ -25,8 +25,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,6 +56,14 @@ struct fake_config {
     double register_seconds_per_gib;
     double unregister_seconds_per_gib;
     int driver_version;
+    /* CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, per device. */
+    bool read_only_register[FAKE_CUDA_MAX_DEVICES];
+    /* CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES (ATS). */
+    bool host_page_tables;
+    /* Whether pins are long-term (FOLL_LONGTERM): the open kernel modules on
+     * x86 since 550.67; then kernels from 6.5 refuse writable shared file
+     * mappings that need dirty tracking. */
+    bool longterm_pins;
 };
 
 /* One node of the AVL tree of registrations. Nodes live in one array
@@ -67,7 +78,8 @@ struct registration_node {
     uint32_t left;
     uint32_t right;
     int32_t height;
-    uint8_t state; /* enum fake_cuda_registration_state */
+    uint8_t state;      /* enum fake_cuda_registration_state */
+    uint8_t host_alloc; /* made by cuMemHostAlloc: freed with cuMemFreeHost only */
 };
 
 struct primary_context {
@@ -225,6 +237,44 @@ static int open_log(const char *variable)
     return path ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644) : -1;
 }
 
+/* "1", "0", or one digit per device ("1,0,1,1"; the last one repeats). */
+static void load_read_only_register(const char *text)
+{
+    bool value = true;
+    for (unsigned device = 0; device < FAKE_CUDA_MAX_DEVICES; device++) {
+        if (text != NULL && (*text == '0' || *text == '1')) {
+            value = *text == '1';
+            text++;
+            if (*text == ',')
+                text++;
+        }
+        config.read_only_register[device] = value;
+    }
+}
+
+/* What the open kernel modules and the kernel do on this machine: long-term
+ * pins on x86-64 (kernel-open/nvidia/os-mlock.c, FOLL_LONGTERM), and Linux
+ * 6.5 or later refusing them on writable shared file mappings. */
+static bool longterm_pins_here(void)
+{
+#if defined(__x86_64__)
+    struct utsname name;
+    unsigned major = 0, minor = 0;
+    if (uname(&name) != 0)
+        return false;
+    const char *at = name.release;
+    while (*at >= '0' && *at <= '9')
+        major = major * 10 + (unsigned)(*at++ - '0');
+    if (*at == '.')
+        at++;
+    while (*at >= '0' && *at <= '9')
+        minor = minor * 10 + (unsigned)(*at++ - '0');
+    return major > 6 || (major == 6 && minor >= 5);
+#else
+    return false;
+#endif
+}
+
 static void load_config_locked(void)
 {
     unsigned devices = env_unsigned("FAKE_CUDART_DEVICES", 1);
@@ -242,6 +292,12 @@ static void load_config_locked(void)
     config.unregister_seconds_per_gib =
         env_decimal("FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB", config.register_seconds_per_gib / 10);
     config.driver_version = (int)env_unsigned("FAKE_CUDA_DRIVER_VERSION", 13000);
+    load_read_only_register(env_text("FAKE_CUDA_READ_ONLY_REGISTER"));
+    config.host_page_tables = env_unsigned("FAKE_CUDA_HOST_PAGE_TABLES", 0) != 0;
+    const char *longterm = env_text("FAKE_CUDA_LONGTERM_PINS");
+    config.longterm_pins = longterm == NULL || strcmp(longterm, "auto") == 0
+                               ? longterm_pins_here()
+                               : env_unsigned("FAKE_CUDA_LONGTERM_PINS", 0) != 0;
     register_fail_counter = 0;
     unregister_fail_counter = 0;
 
@@ -971,13 +1027,21 @@ static bool parse_vma_header(const char *line, uintptr_t *start, uintptr_t *end)
     return parse_hex(&line, start) && *line++ == '-' && parse_hex(&line, end) && *line == ' ';
 }
 
-static bool vm_flags_has_locked(const char *flags)
+/* Whether the VmFlags line (after "VmFlags:") names flag, two letters. */
+static bool vm_flags_has(const char *flags, const char *flag)
 {
-    for (const char *at = flags; (at = strstr(at, " lo")) != NULL; at += 3) {
-        if (at[3] == ' ' || at[3] == '\0')
+    for (const char *at = flags; (at = strstr(at, flag)) != NULL; at += 2) {
+        if (at > flags && at[-1] == ' ' && (at[2] == ' ' || at[2] == '\0'))
             return true;
     }
     return false;
+}
+
+/* Locked, or a hugetlb mapping: mlock leaves VM_LOCKED off hugetlb VMAs
+ * (mm/mlock.c), whose pages are never swapped out anyway. */
+static bool vm_flags_has_locked(const char *flags)
+{
+    return vm_flags_has(flags, "lo") || vm_flags_has(flags, "ht");
 }
 
 struct lock_check {
@@ -1048,6 +1112,229 @@ static void check_registration_locked(uintptr_t base, size_t size,
         record_violation_locked(unmapped_kind, base, size);
     if (check.not_locked)
         record_violation_locked(not_locked_kind, base, size);
+}
+
+/* ---- What pinning meets: the rules cuMemHostRegister follows. ----
+ *
+ * The open kernel modules pin a registration with pin_user_pages()
+ * (kernel-open/nvidia/os-mlock.c, os_lock_user_pages): FOLL_WRITE unless the
+ * registration is read-only, FOLL_LONGTERM on x86 since 550.67, never
+ * FOLL_FORCE; any failure, or a partial pin, is NV_ERR_INVALID_ADDRESS, which
+ * cuMemHostRegister reports as CUDA_ERROR_INVALID_VALUE (observed for
+ * read-only memory, vllm-omni #6240, and remap_pfn_range pages,
+ * open-gpu-kernel-modules #732). The kernel's gup refuses (mm/gup.c,
+ * check_vma_flags): VM_IO and VM_PFNMAP mappings, mappings without read
+ * access (PROT_NONE), a write pin of a mapping without VM_WRITE, secretmem,
+ * holes; and since 6.5 (writable_file_mapping_allowed) a long-term write pin
+ * of a shared file mapping that needs dirty tracking, which shmem, memfd,
+ * SysV shared memory, hugetlbfs and ramfs do not. With
+ * PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES (ATS) the driver only
+ * populates the pages (uvm_populate_pageable.c: get_user_pages_remote, no
+ * pin, write access as the mapping has it). */
+
+#ifndef TMPFS_MAGIC
+#define TMPFS_MAGIC 0x01021994
+#endif
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6
+#endif
+#ifndef RAMFS_MAGIC
+#define RAMFS_MAGIC 0x858458f6
+#endif
+
+/* Whether the shared file mapping of path needs dirty tracking: a file on a
+ * file system that writes back (ext4, xfs, btrfs, NFS, overlayfs over them),
+ * not shmem (memfd, SysV, shared anonymous, tmpfs), hugetlbfs or ramfs. */
+static bool file_needs_dirty_tracking(const char *path)
+{
+    if (strncmp(path, "/memfd:", 7) == 0 || strncmp(path, "/SYSV", 5) == 0 ||
+        strncmp(path, "/dev/zero", 9) == 0)
+        return false;
+    /* A removed file: its directory tells the file system it was on. */
+    char directory[512];
+    const char *deleted = strstr(path, " (deleted)");
+    if (deleted != NULL) {
+        size_t length = (size_t)(deleted - path);
+        if (length >= sizeof directory)
+            return true;
+        memcpy(directory, path, length);
+        directory[length] = '\0';
+        char *slash = strrchr(directory, '/');
+        if (slash != NULL)
+            slash[slash == directory ? 1 : 0] = '\0';
+        path = directory;
+    }
+    struct statfs fs;
+    if (statfs(path, &fs) != 0)
+        return true; /* cannot tell: as a disk file system would */
+    return fs.f_type != TMPFS_MAGIC && (unsigned long)fs.f_type != (unsigned long)HUGETLBFS_MAGIC &&
+           fs.f_type != RAMFS_MAGIC;
+}
+
+/* PROCMAP_QUERY (Linux 6.11): one VMA by address, its permissions and its
+ * name, without reading the whole map (a process with 10,000 registrations
+ * has 10,000 VMAs). Declared here: older headers lack it. */
+struct procmap_query {
+    uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
+        vma_offset, inode;
+    uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+    uint64_t vma_name_addr, build_id_addr;
+};
+#define PROCMAP_QUERY_IOCTL _IOWR('f', 17, struct procmap_query)
+#define PROCMAP_QUERY_VMA_READABLE 0x01
+#define PROCMAP_QUERY_VMA_WRITABLE 0x02
+#define PROCMAP_QUERY_VMA_SHARED 0x08
+#define PROCMAP_QUERY_COVERING_OR_NEXT_VMA 0x10
+
+struct vma_view {
+    uintptr_t start, end;
+    bool readable, writable, shared;
+    char name[512];
+};
+
+static int procmap_fd = -1;
+static pid_t procmap_pid;
+
+/* The VMA holding address, or the first above it: 1, 0 when there is none,
+ * -1 when the kernel cannot say (then the caller reads smaps). Called with
+ * state_lock held. */
+static int vma_lookup(uintptr_t address, struct vma_view *view)
+{
+    if (procmap_fd < 0 || procmap_pid != getpid()) {
+        /* A fork child must not ask about its parent's address space. */
+        if (procmap_fd >= 0)
+            close(procmap_fd);
+        procmap_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+        procmap_pid = getpid();
+    }
+    struct procmap_query query;
+    memset(&query, 0, sizeof query);
+    memset(view, 0, sizeof *view);
+    query.size = sizeof query;
+    query.query_flags = PROCMAP_QUERY_COVERING_OR_NEXT_VMA;
+    query.query_addr = address;
+    query.vma_name_size = sizeof view->name;
+    query.vma_name_addr = (uintptr_t)view->name;
+    if (procmap_fd < 0 || ioctl(procmap_fd, PROCMAP_QUERY_IOCTL, &query) != 0)
+        return procmap_fd >= 0 && errno == ENOENT ? 0 : -1;
+    view->start = query.vma_start;
+    view->end = query.vma_end;
+    view->readable = query.vma_flags & PROCMAP_QUERY_VMA_READABLE;
+    view->writable = query.vma_flags & PROCMAP_QUERY_VMA_WRITABLE;
+    view->shared = query.vma_flags & PROCMAP_QUERY_VMA_SHARED;
+    view->name[sizeof view->name - 1] = '\0';
+    return 1;
+}
+
+/* "start-end perms offset dev inode   path": the same view from a line of
+ * /proc/self/smaps. */
+static void parse_vma_view(const char *line, uintptr_t start, uintptr_t end, struct vma_view *view)
+{
+    const char *at = strchr(line, ' ');
+    memset(view, 0, sizeof *view);
+    view->start = start;
+    view->end = end;
+    if (at == NULL)
+        return;
+    view->readable = at[1] == 'r';
+    view->writable = at[2] == 'w';
+    view->shared = at[4] == 's';
+    for (int field = 0; field < 4 && at != NULL; field++) /* perms offset dev inode */
+        at = strchr(at + 1, ' ');
+    while (at != NULL && *at == ' ')
+        at++;
+    if (at != NULL) {
+        size_t length = strlen(at);
+        if (length >= sizeof view->name)
+            length = sizeof view->name - 1;
+        memcpy(view->name, at, length);
+    }
+}
+
+/* Whether pinning refuses this VMA for its permissions and what backs it. */
+static bool vma_refused(const struct vma_view *view, bool for_write)
+{
+    bool longterm = config.longterm_pins && !config.host_page_tables;
+    return !view->readable || (for_write && !view->writable && !config.host_page_tables) ||
+           strncmp(view->name, "/secretmem", 10) == 0 ||
+           (longterm && for_write && view->shared && view->name[0] == '/' &&
+            file_needs_dirty_tracking(view->name));
+}
+
+/* Only device and special mappings can be VM_IO or VM_PFNMAP (a device
+ * file's mmap, /sys resources, an anonymous inode's, the vvar page); only
+ * for those is smaps (VmFlags) read. */
+static bool may_be_special(const struct vma_view *view)
+{
+    const char *name = view->name;
+    return (strncmp(name, "/dev/", 5) == 0 && strncmp(name, "/dev/zero", 9) != 0 &&
+            strncmp(name, "/dev/shm/", 9) != 0) ||
+           strncmp(name, "/sys/", 5) == 0 || strncmp(name, "anon_inode:", 11) == 0 ||
+           (name[0] == '[' && strncmp(name, "[heap]", 6) != 0 && strncmp(name, "[stack", 6) != 0 &&
+            strncmp(name, "[anon:", 6) != 0);
+}
+
+/* smaps, streamed: whether any VMA touching [first_page, end_page) is
+ * refused, or VM_IO / VM_PFNMAP, or there is a hole. */
+static bool smaps_refuses(uintptr_t first_page, uintptr_t end_page, bool for_write)
+{
+    struct line_reader reader;
+    reader.fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
+    if (reader.fd < 0)
+        return false; /* cannot tell: let it through */
+    reader.at_eof = false;
+    reader.discarding = false;
+    reader.start = reader.end = 0;
+    uintptr_t covered_up_to = first_page;
+    bool touching = false, finished = false, refused = false;
+    struct vma_view view;
+    const char *line;
+    while (!finished && !refused && (line = line_reader_next(&reader)) != NULL) {
+        uintptr_t vma_start, vma_end;
+        if (parse_vma_header(line, &vma_start, &vma_end)) {
+            touching = false;
+            if (vma_end <= covered_up_to)
+                continue;
+            if (vma_start > covered_up_to) {
+                refused = true; /* a hole */
+                continue;
+            }
+            touching = true;
+            covered_up_to = vma_end;
+            parse_vma_view(line, vma_start, vma_end, &view);
+            refused = vma_refused(&view, for_write);
+        } else if (touching && strncmp(line, "VmFlags:", 8) == 0) {
+            refused = vm_flags_has(line + 8, "io") || vm_flags_has(line + 8, "pf");
+            touching = false;
+            finished = covered_up_to >= end_page;
+        }
+    }
+    if (!finished && covered_up_to < end_page)
+        refused = true;
+    close(reader.fd);
+    return refused;
+}
+
+/* CUDA_ERROR_INVALID_VALUE when pinning [first_page, end_page) as the
+ * driver would (for_write: without READ_ONLY) fails, else success. */
+static int pin_check(uintptr_t first_page, uintptr_t end_page, bool for_write)
+{
+    bool special = false;
+    uintptr_t cursor = first_page;
+    while (cursor < end_page) {
+        struct vma_view view;
+        int found = vma_lookup(cursor, &view);
+        if (found < 0)
+            return smaps_refuses(first_page, end_page, for_write) ? FAKE_CU_ERROR_INVALID_VALUE
+                                                                  : FAKE_CU_SUCCESS;
+        if (found == 0 || view.start > cursor || vma_refused(&view, for_write))
+            return FAKE_CU_ERROR_INVALID_VALUE; /* a hole, or refused */
+        special = special || may_be_special(&view);
+        cursor = view.end;
+    }
+    if (special && smaps_refuses(first_page, end_page, for_write))
+        return FAKE_CU_ERROR_INVALID_VALUE;
+    return FAKE_CU_SUCCESS;
 }
 
 /* The shim registers whole pages; two registrations on one page mean it lost
@@ -1574,18 +1861,26 @@ static int mem_host_register(uintptr_t base, size_t size, unsigned flags)
         error = FAKE_CU_ERROR_OUT_OF_MEMORY;
     if (!error && registration_overlaps(base, size))
         error = FAKE_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    /* The shim's invariants, recorded whatever the driver answers next. */
+    if (!error && config.check) {
+        check_registration_locked(base, size, FAKE_CU_VIOLATION_REGISTER_UNMAPPED,
+                                  FAKE_CU_VIOLATION_REGISTER_NOT_LOCKED);
+        if (shares_page_with_neighbour(base, size))
+            record_violation_locked(FAKE_CU_VIOLATION_PAGE_SHARED, base, size);
+    }
+    /* cuda.h: READ_ONLY with a context whose device lacks
+     * READ_ONLY_HOST_REGISTER_SUPPORTED is CUDA_ERROR_NOT_SUPPORTED. */
+    if (!error && (flags & FAKE_CU_MEMHOSTREGISTER_READ_ONLY) && !config.read_only_register[device])
+        error = FAKE_CU_ERROR_NOT_SUPPORTED;
+    if (!error)
+        error = pin_check(page_floor(base), page_of_last_byte(base, size) + page_size,
+                          !(flags & FAKE_CU_MEMHOSTREGISTER_READ_ONLY));
     uint32_t node = error ? 0 : node_alloc();
     if (!error && !node)
         error = FAKE_CU_ERROR_OUT_OF_MEMORY;
     double seconds = 0;
     uint64_t id = 0;
     if (!error) {
-        if (config.check) {
-            check_registration_locked(base, size, FAKE_CU_VIOLATION_REGISTER_UNMAPPED,
-                                      FAKE_CU_VIOLATION_REGISTER_NOT_LOCKED);
-            if (shares_page_with_neighbour(base, size))
-                record_violation_locked(FAKE_CU_VIOLATION_PAGE_SHARED, base, size);
-        }
         seconds = latency_seconds(size, config.register_seconds_per_gib);
         id = ++last_registration_id;
         node_pool[node] = (struct registration_node){
@@ -1657,8 +1952,8 @@ FAKE_EXPORT int cuMemHostUnregister(void *pointer)
     uint32_t node = error ? 0 : registration_find_containing(base);
     if (!error && !node)
         error = FAKE_CU_ERROR_HOST_MEMORY_NOT_REGISTERED;
-    if (!error && node_pool[node].base != base)
-        error = FAKE_CU_ERROR_INVALID_VALUE;
+    if (!error && (node_pool[node].base != base || node_pool[node].host_alloc))
+        error = FAKE_CU_ERROR_INVALID_VALUE; /* interior, or cuMemHostAlloc's */
     if (!error && node_pool[node].state != FAKE_CUDA_REGISTRATION_LIVE)
         error = FAKE_CU_ERROR_HOST_MEMORY_NOT_REGISTERED; /* not yet, or no longer */
     double seconds = 0;
@@ -1695,6 +1990,134 @@ FAKE_EXPORT int cuMemHostUnregister(void *pointer)
             registration_remove(node);
     }
     log_unregister(base, error, device, context);
+    unlock_state();
+    return error;
+}
+
+FAKE_EXPORT int cuDeviceGetAttribute(int *value, int attribute, CUdevice device)
+{
+    caller_object(FAKE_CU_CALL_DEVICE_GET_ATTRIBUTE, CALLER());
+    lock_state();
+    int error = api_state_error_locked();
+    if (!error && (!value || attribute <= 0 || attribute >= FAKE_CU_DEVICE_ATTRIBUTE_MAX))
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    if (!error && !device_valid(device))
+        error = FAKE_CU_ERROR_INVALID_DEVICE;
+    if (!error) {
+        switch (attribute) {
+        case FAKE_CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
+            *value = 1;
+            break;
+        case FAKE_CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES:
+            *value = config.host_page_tables;
+            break;
+        case FAKE_CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED:
+            *value = config.read_only_register[device];
+            break;
+        default:
+            *value = 0; /* not modelled */
+        }
+    }
+    unlock_state();
+    return error;
+}
+
+/* cuMemHostAlloc: pinned memory of the driver's own. Like the real driver
+ * mapping and locking memory for itself, it calls mlock (through libc, where
+ * a preloaded shim sees it) while it holds its own lock: a shim that called
+ * back into the driver from there would wait for that lock forever. */
+FAKE_EXPORT int cuMemHostAlloc(void **pointer, size_t size, unsigned int flags)
+{
+    caller_object(FAKE_CU_CALL_MEM_HOST_ALLOC, CALLER());
+    lock_state();
+    uint32_t context = 0;
+    int device = -1;
+    int error = api_state_error_locked();
+    if (!error)
+        error = current_context_locked(&context, &device);
+    if (!error && (!pointer || !size ||
+                   (flags & ~(FAKE_CU_MEMHOSTALLOC_PORTABLE | FAKE_CU_MEMHOSTALLOC_DEVICEMAP |
+                              FAKE_CU_MEMHOSTALLOC_WRITECOMBINED))))
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    size_t bytes = (size + page_size - 1) & ~(page_size - 1);
+    void *memory = error ? NULL : raw_mmap(bytes);
+    if (!error && memory == NULL)
+        error = FAKE_CU_ERROR_OUT_OF_MEMORY;
+    uint32_t node = error ? 0 : node_alloc();
+    if (!error && !node)
+        error = FAKE_CU_ERROR_OUT_OF_MEMORY;
+    if (!error && mlock(memory, bytes) != 0) /* the state lock held */
+        error = FAKE_CU_ERROR_OUT_OF_MEMORY;
+    if (error) {
+        if (node)
+            node_release(node);
+        if (memory)
+            raw_munmap(memory, bytes);
+        unlock_state();
+        return error;
+    }
+    node_pool[node] = (struct registration_node){
+        .base = (uintptr_t)memory,
+        .size = bytes,
+        .id = ++last_registration_id,
+        .context = context,
+        .device = device,
+        .flags = FAKE_CU_MEMHOSTREGISTER_PORTABLE | FAKE_CU_MEMHOSTREGISTER_DEVICEMAP,
+        .height = 1,
+        .state = FAKE_CUDA_REGISTRATION_LIVE,
+        .host_alloc = 1,
+    };
+    tree_root = tree_insert(tree_root, node);
+    live_count++;
+    *pointer = memory;
+    unlock_state();
+    return FAKE_CU_SUCCESS;
+}
+
+FAKE_EXPORT int cuMemFreeHost(void *pointer)
+{
+    caller_object(FAKE_CU_CALL_MEM_FREE_HOST, CALLER());
+    lock_state();
+    uint32_t context = 0;
+    int device = -1;
+    int error = api_state_error_locked();
+    if (!error)
+        error = current_context_locked(&context, &device);
+    uint32_t node = error ? 0 : registration_find_containing((uintptr_t)pointer);
+    if (!error &&
+        (!node || !node_pool[node].host_alloc || node_pool[node].base != (uintptr_t)pointer))
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    if (!error) {
+        size_t bytes = node_pool[node].size;
+        registration_remove(node);
+        munlock(pointer, bytes); /* through libc, the state lock held */
+        raw_munmap(pointer, bytes);
+    }
+    unlock_state();
+    return error;
+}
+
+/* The device pointer of mapped registered memory: the host pointer itself
+ * (unified addressing, CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM). Memory that
+ * is not registered, or registered without DEVICEMAP: INVALID_VALUE. */
+FAKE_EXPORT int cuMemHostGetDevicePointer_v2(unsigned long long *device_pointer, void *pointer,
+                                             unsigned int flags)
+{
+    caller_object(FAKE_CU_CALL_MEM_HOST_GET_DEVICE_POINTER_V2, CALLER());
+    lock_state();
+    uint32_t context = 0;
+    int device = -1;
+    int error = api_state_error_locked();
+    if (!error)
+        error = current_context_locked(&context, &device);
+    if (!error && (!device_pointer || flags))
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    uint32_t node = error ? 0 : registration_find_containing((uintptr_t)pointer);
+    if (!error && (!node || node_pool[node].state != FAKE_CUDA_REGISTRATION_LIVE ||
+                   !(node_pool[node].flags & FAKE_CU_MEMHOSTREGISTER_DEVICEMAP)))
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    if (!error)
+        *device_pointer = (unsigned long long)(uintptr_t)pointer;
     unlock_state();
     return error;
 }

@@ -63,13 +63,42 @@
  *    0x0F (PORTABLE|DEVICEMAP|IOMEMORY|READ_ONLY): INVALID_VALUE (1); larger
  *    than FAKE_CUDA_MAX_REGISTER_BYTES: OUT_OF_MEMORY (2) (real R580+ drivers
  *    refuse 512 GiB and more); overlapping any registration of any context,
- *    in flight or not: HOST_MEMORY_ALREADY_REGISTERED (712). Each registration
- *    records its context, device and flags. Bookkeeping is one tree node per
- *    registration (never per page) and never touches the memory, so a
- *    200 GiB PROT_NONE locked mapping registers in O(log n).
+ *    in flight or not: HOST_MEMORY_ALREADY_REGISTERED (712); READ_ONLY with a
+ *    context whose device lacks READ_ONLY_HOST_REGISTER_SUPPORTED:
+ *    NOT_SUPPORTED (801, documented in cuda.h); then the pages are "pinned"
+ *    as the open kernel modules pin them (pin_user_pages, FOLL_WRITE unless
+ *    READ_ONLY, FOLL_LONGTERM on x86; any failure is NV_ERR_INVALID_ADDRESS,
+ *    which libcuda reports as INVALID_VALUE, 1, as seen for read-only memory
+ *    and remap_pfn_range pages): a hole, a mapping without read access,
+ *    VM_IO or VM_PFNMAP (VmFlags io, pf), secretmem, a mapping without write
+ *    access unless READ_ONLY, and with long-term pins (FAKE_CUDA_LONGTERM_PINS)
+ *    a writable shared file mapping that needs dirty tracking (not shmem,
+ *    memfd, SysV, hugetlbfs, ramfs: Linux 6.5's writable_file_mapping_allowed)
+ *    are refused with 1. With FAKE_CUDA_HOST_PAGE_TABLES=1 (ATS, Grace) the
+ *    driver only populates: no long-term pin, and read-only memory needs no
+ *    READ_ONLY. The mappings are looked up with PROCMAP_QUERY (Linux 6.11;
+ *    smaps for device and special mappings, and where the kernel lacks it),
+ *    never touched. Each registration records its context, device and flags.
+ *    Bookkeeping is one tree node per registration (never per page), so a
+ *    200 GiB locked reservation registers in O(log n).
+ *  - cuDeviceGetAttribute: HOST_REGISTER_SUPPORTED (99) is 1,
+ *    PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES (100) is
+ *    FAKE_CUDA_HOST_PAGE_TABLES, READ_ONLY_HOST_REGISTER_SUPPORTED (113) is
+ *    FAKE_CUDA_READ_ONLY_REGISTER's for the device; other attributes below
+ *    150 are 0; others INVALID_VALUE (1).
+ *  - cuMemHostAlloc / cuMemFreeHost: the driver's own pinned memory. It maps
+ *    it and calls mlock (munlock) through libc WHILE IT HOLDS ITS OWN LOCK,
+ *    as a driver doing its own work may: a preloaded shim that calls back
+ *    into the driver from there deadlocks. The memory counts as a live
+ *    registration (PORTABLE|DEVICEMAP); cuMemHostRegister over it is 712,
+ *    cuMemHostUnregister of it INVALID_VALUE.
+ *  - cuMemHostGetDevicePointer_v2: the host pointer itself (unified
+ *    addressing) inside a live registration made with DEVICEMAP; otherwise,
+ *    or with flags, INVALID_VALUE.
  *  - cuMemHostUnregister: needs a live current context (201 / 709); an
  *    unknown base: HOST_MEMORY_NOT_REGISTERED (713); a pointer inside a
- *    registration but not its base: INVALID_VALUE (1). A registration can be
+ *    registration but not its base, or cuMemHostAlloc's memory:
+ *    INVALID_VALUE (1). A registration can be
  *    unregistered from ANY live context, not only the one that made it:
  *    INFERRED from portable memory (CU_MEMHOSTREGISTER_PORTABLE, which the
  *    runtime's default flags include on UVA systems).
@@ -85,8 +114,10 @@
  *  - Invariant checks (FAKE_CUDART_CHECK, default on), at register and at
  *    unregister time: every page of the range mapped and every VMA under it
  *    locked (read from /proc/self/smaps, page-granular, streamed through a
- *    stack buffer), and no other registration on its first or last page.
- *    Violations never change a result; they are counted and logged.
+ *    stack buffer; hugetlb VMAs count as locked: mlock leaves VM_LOCKED off
+ *    them), and no other registration on its first or last page. Violations
+ *    never change a result by themselves (a hole is refused, as above); they
+ *    are counted and logged.
  *  - fork: a child of a process whose driver had been initialised gets
  *    CUDA_ERROR_NOT_INITIALIZED (3) from every call, cuInit included, and
  *    starts with no registrations, no contexts and zeroed counters (the
@@ -117,6 +148,12 @@
  *   FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB=S unregistration latency (default S/10)
  *   FAKE_CUDA_UNLOAD_AT_EXIT=1             DEINITIALIZED (4) after the exit handler
  *   FAKE_CUDA_DRIVER_VERSION=N             what cuDriverGetVersion reports (13000)
+ *   FAKE_CUDA_READ_ONLY_REGISTER=1|0|L     attribute 113: for every device, or a list
+ *                                          of 0/1 per device ("1,0"; the last repeats);
+ *                                          default 1
+ *   FAKE_CUDA_HOST_PAGE_TABLES=1           attribute 100 (ATS): populate, never pin
+ *   FAKE_CUDA_LONGTERM_PINS=auto|0|1       long-term pins (default auto: on x86-64
+ *                                          with Linux 6.5 or later)
  *   FAKE_CUDA_LOG=path                     driver events, see below
  *   FAKE_CUDART_FAIL_REGISTER_EVERY=N      cuMemHostRegister calls N, 2N, ... fail
  *                                          without effect (counted among calls that
@@ -173,6 +210,17 @@ enum fake_cu_result {
     FAKE_CU_ERROR_UNKNOWN = 999,
 };
 
+/* Device attributes the double answers (cuda.h CU_DEVICE_ATTRIBUTE_*). */
+#define FAKE_CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED 99
+#define FAKE_CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES 100
+#define FAKE_CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED 113
+#define FAKE_CU_DEVICE_ATTRIBUTE_MAX 150
+
+/* cuMemHostAlloc flags (cuda.h CU_MEMHOSTALLOC_*). */
+#define FAKE_CU_MEMHOSTALLOC_PORTABLE 0x01u
+#define FAKE_CU_MEMHOSTALLOC_DEVICEMAP 0x02u
+#define FAKE_CU_MEMHOSTALLOC_WRITECOMBINED 0x04u
+
 /* cuMemHostRegister flags (cuda.h CU_MEMHOSTREGISTER_*). */
 #define FAKE_CU_MEMHOSTREGISTER_PORTABLE 0x01u
 #define FAKE_CU_MEMHOSTREGISTER_DEVICEMAP 0x02u
@@ -213,6 +261,10 @@ enum fake_cu_call {
     FAKE_CU_CALL_MEM_HOST_UNREGISTER,
     /* fake_cuda_internal_primary_ctx_retain (the fake runtime's retain) */
     FAKE_CU_CALL_INTERNAL_PRIMARY_CTX_RETAIN,
+    FAKE_CU_CALL_DEVICE_GET_ATTRIBUTE,
+    FAKE_CU_CALL_MEM_HOST_ALLOC,
+    FAKE_CU_CALL_MEM_FREE_HOST,
+    FAKE_CU_CALL_MEM_HOST_GET_DEVICE_POINTER_V2,
     FAKE_CU_CALL_KIND_COUNT
 };
 
@@ -288,6 +340,11 @@ int cuCtxGetDevice(CUdevice *device);
 int cuMemHostRegister(void *pointer, size_t size, unsigned int flags);
 int cuMemHostRegister_v2(void *pointer, size_t size, unsigned int flags);
 int cuMemHostUnregister(void *pointer);
+int cuDeviceGetAttribute(int *value, int attribute, CUdevice device);
+int cuMemHostAlloc(void **pointer, size_t size, unsigned int flags);
+int cuMemFreeHost(void *pointer);
+int cuMemHostGetDevicePointer_v2(unsigned long long *device_pointer, void *pointer,
+                                 unsigned int flags);
 #endif
 
 /* ---- The fake-only API (exported by the driver double only). ---- */

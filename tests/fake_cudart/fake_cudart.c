@@ -74,6 +74,10 @@ struct driver_api {
     int (*primary_reset)(int);
     int (*mem_host_register)(void *, size_t, unsigned);
     int (*mem_host_unregister)(void *);
+    int (*device_get_attribute)(int *, int, int);
+    int (*mem_host_get_device_pointer)(unsigned long long *, void *, unsigned);
+    int (*mem_host_alloc)(void **, size_t, unsigned);
+    int (*mem_free_host)(void *);
     int (*primary_retain_for)(void **, int, const void *);
     size_t (*live_count)(void);
     size_t (*snapshot_live)(struct fake_cuda_range *, size_t);
@@ -292,6 +296,10 @@ static const struct driver_api *driver_get(bool load)
         resolve(library, "cuDevicePrimaryCtxReset_v2", &api.primary_reset) &&
         resolve(library, "cuMemHostRegister_v2", &api.mem_host_register) &&
         resolve(library, "cuMemHostUnregister", &api.mem_host_unregister) &&
+        resolve(library, "cuDeviceGetAttribute", &api.device_get_attribute) &&
+        resolve(library, "cuMemHostGetDevicePointer_v2", &api.mem_host_get_device_pointer) &&
+        resolve(library, "cuMemHostAlloc", &api.mem_host_alloc) &&
+        resolve(library, "cuMemFreeHost", &api.mem_free_host) &&
         resolve(library, "fake_cuda_internal_primary_ctx_retain", &api.primary_retain_for) &&
         resolve(library, "fake_cuda_live_count", &api.live_count) &&
         resolve(library, "fake_cuda_snapshot_live", &api.snapshot_live) &&
@@ -624,6 +632,73 @@ FAKE_EXPORT_EXTRA int cudaPointerGetAttributes(void *attributes, const void *ptr
         int type = api->lookup(ptr, NULL) ? 1 : 0;
         memcpy(attributes, &type, sizeof type);
     }
+    return finish_call(error);
+}
+
+FAKE_EXPORT_EXTRA int cudaDeviceGetAttribute(int *value, int attribute, int device)
+{
+    count_call(FAKE_CALL_DEVICE_GET_ATTRIBUTE);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = runtime_error_of(api->device_get_attribute(value, attribute, device));
+    return finish_call(error);
+}
+
+FAKE_EXPORT_EXTRA int cudaHostGetDevicePointer(void **device_pointer, void *host_pointer,
+                                               unsigned int flags)
+{
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_HOST_GET_DEVICE_POINTER);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    unsigned long long address = 0;
+    if (!error && !device_pointer)
+        error = FAKE_CUDA_ERROR_INVALID_VALUE;
+    if (!error)
+        error = runtime_error_of(api->mem_host_get_device_pointer(&address, host_pointer, flags));
+    if (!error)
+        *device_pointer = (void *)(uintptr_t)address;
+    return finish_call(error);
+}
+
+/* cudaHostAllocDefault (0) is portable and mapped on a UVA system. */
+static int host_alloc(void **pointer, size_t size, unsigned flags, const void *caller)
+{
+    count_call(FAKE_CALL_HOST_ALLOC);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    if (!error)
+        error = runtime_error_of(api->mem_host_alloc(
+            pointer, size,
+            flags ? flags : FAKE_CU_MEMHOSTALLOC_PORTABLE | FAKE_CU_MEMHOSTALLOC_DEVICEMAP));
+    return finish_call(error);
+}
+
+FAKE_EXPORT_EXTRA int cudaHostAlloc(void **pointer, size_t size, unsigned int flags)
+{
+    return host_alloc(pointer, size, flags, CALLER());
+}
+
+FAKE_EXPORT_EXTRA int cudaMallocHost(void **pointer, size_t size)
+{
+    return host_alloc(pointer, size, 0, CALLER());
+}
+
+FAKE_EXPORT_EXTRA int cudaFreeHost(void *pointer)
+{
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_FREE_HOST);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    if (!error)
+        error = runtime_error_of(api->mem_free_host(pointer));
     return finish_call(error);
 }
 

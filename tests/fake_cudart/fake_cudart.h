@@ -41,6 +41,11 @@
  *    for that number). Every registration lives in the driver's table: one
  *    made through the runtime can be unregistered through the driver and vice
  *    versa, and fake_cudart_live_count/snapshot/violation_count read it.
+ *  - cudaDeviceGetAttribute, cudaHostGetDevicePointer, cudaHostAlloc,
+ *    cudaMallocHost and cudaFreeHost are the driver's cuDeviceGetAttribute,
+ *    cuMemHostGetDevicePointer_v2, cuMemHostAlloc (cudaHostAllocDefault and
+ *    cudaMallocHost: PORTABLE|DEVICEMAP, as on every UVA system) and
+ *    cuMemFreeHost, in the thread's context.
  *  - cudaGetDeviceCount initialises the driver and reports its count (0 and
  *    cudaErrorNoDevice with no device). cudaPointerGetAttributes reports type 1
  *    (cudaMemoryTypeHost) inside a live registration of any context, else 0.
@@ -135,6 +140,10 @@ enum fake_cudart_call {
     FAKE_CALL_FREE,
     FAKE_CALL_DEVICE_SYNCHRONIZE,
     FAKE_CALL_DEVICE_RESET,
+    FAKE_CALL_DEVICE_GET_ATTRIBUTE,
+    FAKE_CALL_HOST_GET_DEVICE_POINTER,
+    FAKE_CALL_HOST_ALLOC, /* cudaHostAlloc and cudaMallocHost */
+    FAKE_CALL_FREE_HOST,
     FAKE_CALL_KIND_COUNT
 };
 
@@ -176,6 +185,11 @@ int cudaGetDevice(int *device);
 int cudaFree(void *device_pointer);
 int cudaDeviceSynchronize(void);
 int cudaDeviceReset(void);
+int cudaDeviceGetAttribute(int *value, int attribute, int device);
+int cudaHostGetDevicePointer(void **device_pointer, void *host_pointer, unsigned int flags);
+int cudaHostAlloc(void **pointer, size_t size, unsigned int flags);
+int cudaMallocHost(void **pointer, size_t size);
+int cudaFreeHost(void *pointer);
 #endif
 
 /* Number of live registrations (in the driver's table, all contexts; 0 while

@@ -386,3 +386,31 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
               "%s", run.result.err);
     run_free(&run);
 }
+
+/* Issue 17: by default a buffer is pinned when the lock call returns, in
+ * the program's context: main's device 2, and device 2 for a worker thread
+ * that never chose one (the active primary context); mlock, mlock2 and
+ * mmap(MAP_LOCKED) alike. Nothing waits (no pinshim_drain). */
+Test(contexts, pinned_when_the_lock_call_returns_by_default)
+{
+    struct run run;
+    run_scenario(&run, "pinned-at-return", NULL, NULL);
+    cr_assert_eq(printed_number(&run, "mlock_device"), 2, "%s", run.result.out);
+    cr_assert_eq(printed_number(&run, "mlock2_device"), 2);
+    cr_assert_eq(printed_number(&run, "map_locked_device"), 2);
+    cr_assert_eq(printed_number(&run, "worker_device"), 2);
+    cr_assert_eq(printed_number(&run, "violations"), 0);
+    cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
+    expect_no_warning(&run);
+    run_free(&run);
+
+    /* Create mode too: the locking thread's device (main's 2; the worker's
+     * own device 0, a context created for it). */
+    const char *create[] = {"PINSHIM_CONTEXT=create", NULL};
+    run_scenario(&run, "pinned-at-return", NULL, create);
+    cr_assert_eq(printed_number(&run, "mlock_device"), 2, "%s", run.result.out);
+    cr_assert_eq(printed_number(&run, "mlock2_device"), 2);
+    cr_assert_eq(printed_number(&run, "map_locked_device"), 2);
+    cr_assert_eq(printed_number(&run, "worker_device"), 0);
+    run_free(&run);
+}

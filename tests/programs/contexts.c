@@ -28,6 +28,10 @@
  *                            child initialises CUDA; then the parent does
  *   chunks                   a 200 GiB reservation locked on fault and
  *                            registered (PINSHIM_ONFAULT=all) in chunks
+ *   pinned-at-return         main chose device 2; what is registered, and
+ *                            where, the moment mlock, mlock2 and
+ *                            mmap(MAP_LOCKED) return, in main and in a worker
+ *                            that never chose a device (no pinshim_drain)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -584,8 +588,10 @@ static int chunks(void)
     if (cuda_free(NULL) != 0)
         die("the program's CUDA initialisation");
     const size_t size = 200 * GIB;
-    char *reservation =
-        mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    /* Readable and writable, as memory the driver can pin must be; never
+     * touched, so nothing is allocated. */
+    char *reservation = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (reservation == MAP_FAILED)
         die("a 200 GiB reservation");
     /* MLOCK_ONFAULT: nothing is faulted in, so nothing is allocated. */
@@ -603,6 +609,55 @@ static int chunks(void)
     printf("violations=%llu\n", violations());
     munmap(reservation, size);
     printf("live_after_unmap=%zu\n", DRIVER(fake_cuda_live_count, size_t(*)(void))());
+    return 0;
+}
+
+struct at_return {
+    int device;
+};
+
+static void *lock_and_look(void *argument)
+{
+    struct at_return *seen = argument;
+    char *block = locked_block(1 * MIB);
+    seen->device = registered_device(block) == registered_device(block + MIB - 1)
+                       ? registered_device(block)
+                       : -2;
+    munlock(block, 1 * MIB);
+    free(block);
+    return NULL;
+}
+
+static int pinned_at_return(void)
+{
+    if (cuda_set_device(2) != 0 || cuda_free(NULL) != 0)
+        die("the program's CUDA initialisation on device 2");
+    struct at_return main_thread;
+    lock_and_look(&main_thread);
+    printf("mlock_device=%d\n", main_thread.device);
+    char *onfault = NULL;
+    if (posix_memalign((void **)&onfault, 4096, 1 * MIB) != 0)
+        die("posix_memalign");
+    memset(onfault, 1, 1 * MIB);
+    if (mlock2(onfault, 1 * MIB, MLOCK_ONFAULT) != 0)
+        die("mlock2");
+    printf("mlock2_device=%d\n", registered_device(onfault + MIB - 1));
+    munlock(onfault, 1 * MIB);
+    free(onfault);
+    char *mapped_locked = mmap(NULL, 1 * MIB, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_LOCKED, -1, 0);
+    if (mapped_locked == MAP_FAILED)
+        die("mmap MAP_LOCKED");
+    printf("map_locked_device=%d\n", registered_device(mapped_locked));
+    munmap(mapped_locked, 1 * MIB);
+    struct at_return worker;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, lock_and_look, &worker) != 0 ||
+        pthread_join(thread, NULL) != 0)
+        die("pthread");
+    printf("worker_device=%d\n", worker.device);
+    printf("violations=%llu\n", violations());
+    printf("contexts_by_shim=%llu\n", shim_contexts());
     return 0;
 }
 
@@ -627,5 +682,7 @@ int main(int argc, char **argv)
         return fork_with_pending();
     if (strcmp(scenario, "chunks") == 0)
         return chunks();
+    if (strcmp(scenario, "pinned-at-return") == 0)
+        return pinned_at_return();
     die("unknown scenario");
 }

@@ -54,6 +54,19 @@ static void query(const char *name, const void *buffer)
     fflush(stdout);
 }
 
+/* While the program holds its registration, what its other calls answer
+ * must not depend on the shim: cudaHostGetDevicePointer and the last error
+ * it leaves (compared with and without the shim). */
+static void program_holds(const char *name, void *buffer)
+{
+    void *device = NULL;
+    int result = cudaHostGetDevicePointer(&device, buffer, 0);
+    int last = cudaGetLastError();
+    printf("%s: device pointer returned %d (the host pointer: %d), last error %d\n", name, result,
+           device == buffer, last);
+    fflush(stdout);
+}
+
 int main(void)
 {
     shim_is_registered = (int (*)(const void *))dlsym(RTLD_DEFAULT, "pinshim_is_registered");
@@ -68,8 +81,10 @@ int main(void)
     query("after lock", buffer);
     step("program registers", cudaHostRegister(buffer, size, 0));
     query("after the program's register", buffer);
+    program_holds("while the program holds it", buffer);
     step("unlock", munlock(buffer, size));
     query("after unlock", buffer);
+    program_holds("while the program holds it unlocked", buffer);
     step("program unregisters", cudaHostUnregister(buffer));
     query("after the program's unregister", buffer);
 
@@ -79,6 +94,7 @@ int main(void)
     query("after that", buffer);
     step("program registers again", cudaHostRegister(buffer, size, 0));
     step("program registers twice", cudaHostRegister(buffer, size, 0));
+    program_holds("while the program holds it again", buffer);
     step("program unregisters while locked", cudaHostUnregister(buffer));
     query("after the program's unregister while locked", buffer);
     step("unlock", munlock(buffer, size));
