@@ -58,6 +58,8 @@ struct pinshim_counters {
     uint64_t pending_ranges;        /* locked ranges waiting for the program's CUDA context now */
     uint64_t pending_bytes;
     uint64_t queued_ranges; /* locked ranges waiting for the registration thread now */
+    /* Since 0.3.0: */
+    uint64_t unregister_mprotect; /* read-only registrations made again writable by mprotect */
 };
 
 /* The shim's version string ("0.2.0"). */

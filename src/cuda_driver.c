@@ -29,6 +29,11 @@ _Static_assert(CU_MEMHOSTREGISTER_PORTABLE == ENGINE_REGISTER_PORTABLE &&
                    CU_MEMHOSTREGISTER_READ_ONLY == ENGINE_REGISTER_READ_ONLY &&
                    (int)CUDA_ERROR_DEINITIALIZED == (int)ENGINE_CUDA_DEINITIALIZED,
                "cuMemHostRegister flag values changed");
+_Static_assert((int)CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES ==
+                       CUDA_DRIVER_ATTRIBUTE_PAGEABLE_USES_HOST_PAGE_TABLES &&
+                   (int)CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED ==
+                       CUDA_DRIVER_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
+               "device attribute values changed");
 #endif
 
 #define DRIVER_SONAME "libcuda.so.1"
@@ -86,6 +91,7 @@ static bool find_locked(struct cuda_driver *driver)
     *(void **)&found.host_unregister = driver_symbol(handle, NULL, "cuMemHostUnregister");
     *(void **)&found.get_error_name = driver_symbol(handle, NULL, "cuGetErrorName");
     *(void **)&found.driver_get_version = driver_symbol(handle, NULL, "cuDriverGetVersion");
+    *(void **)&found.device_get_attribute = driver_symbol(handle, NULL, "cuDeviceGetAttribute");
     if (found.ctx_get_current == NULL || found.ctx_get_device == NULL || found.ctx_push == NULL ||
         found.ctx_pop == NULL || found.device_get_count == NULL || found.device_get == NULL ||
         found.primary_get_state == NULL || found.primary_retain == NULL ||
@@ -281,6 +287,13 @@ int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place 
     leave_place(driver, place, entered, retained);
     /* A context that is gone took its registrations with it. */
     return context_gone(error) ? ENGINE_CUDA_NOT_REGISTERED : error;
+}
+
+int cuda_driver_device_attribute(struct cuda_driver *driver, int attribute, int device, int *value)
+{
+    if (!cuda_driver_find(driver) || driver->device_get_attribute == NULL)
+        return -1;
+    return driver->device_get_attribute(value, attribute, device);
 }
 
 const char *cuda_driver_error_name(struct cuda_driver *driver, int error)

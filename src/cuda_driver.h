@@ -44,6 +44,7 @@ struct cuda_driver {
     int (*host_unregister)(void *pointer);
     int (*get_error_name)(int error, const char **name);
     int (*driver_get_version)(int *version);
+    int (*device_get_attribute)(int *value, int attribute, int device); /* optional */
     bool found;
     bool seen_initialized; /* a call answered anything but NOT_INITIALIZED */
     char path[512];
@@ -85,6 +86,15 @@ int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place 
 bool cuda_driver_seen_initialized(const struct cuda_driver *driver);
 
 const char *cuda_driver_error_name(struct cuda_driver *driver, int error);
+
+/* CU_DEVICE_ATTRIBUTE_* values the shim asks (cuda.h). */
+enum {
+    CUDA_DRIVER_ATTRIBUTE_PAGEABLE_USES_HOST_PAGE_TABLES = 100,
+    CUDA_DRIVER_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED = 113,
+};
+
+/* cuDeviceGetAttribute: 0 and *value, else the error (-1: not exported). */
+int cuda_driver_device_attribute(struct cuda_driver *driver, int attribute, int device, int *value);
 
 /* In a fork child: the lock a parent's thread held is free again. */
 void cuda_driver_after_fork(void);

@@ -109,6 +109,8 @@ static bool resolve_symbols(struct cuda_runtime *runtime, const char *name)
         (cuda_get_device_count_fn)resolve(runtime->handle, "cudaGetDeviceCount");
     runtime->get_device = (cuda_get_device_fn)resolve(runtime->handle, "cudaGetDevice");
     runtime->set_device = (cuda_set_device_fn)resolve(runtime->handle, "cudaSetDevice");
+    runtime->device_get_attribute =
+        (cuda_device_get_attribute_fn)resolve(runtime->handle, "cudaDeviceGetAttribute");
     record_path(runtime, name);
     return true;
 }

@@ -14,6 +14,7 @@ typedef const char *(*cuda_get_error_text_fn)(int error);
 typedef int (*cuda_get_device_count_fn)(int *count);
 typedef int (*cuda_get_device_fn)(int *device);
 typedef int (*cuda_set_device_fn)(int device);
+typedef int (*cuda_device_get_attribute_fn)(int *value, int attribute, int device);
 
 /* One runtime the search looked at, and why it was not used. */
 struct cuda_runtime_try {
@@ -25,12 +26,13 @@ struct cuda_runtime_try {
 struct cuda_runtime {
     cuda_host_register_fn host_register;
     cuda_host_unregister_fn host_unregister;
-    cuda_get_last_error_fn get_last_error;     /* optional */
-    cuda_get_error_text_fn get_error_name;     /* optional */
-    cuda_get_error_text_fn get_error_string;   /* optional */
-    cuda_get_device_count_fn get_device_count; /* optional */
-    cuda_get_device_fn get_device;             /* optional */
-    cuda_set_device_fn set_device;             /* optional */
+    cuda_get_last_error_fn get_last_error;             /* optional */
+    cuda_get_error_text_fn get_error_name;             /* optional */
+    cuda_get_error_text_fn get_error_string;           /* optional */
+    cuda_get_device_count_fn get_device_count;         /* optional */
+    cuda_get_device_fn get_device;                     /* optional */
+    cuda_set_device_fn set_device;                     /* optional */
+    cuda_device_get_attribute_fn device_get_attribute; /* optional */
     void *handle;
     bool loaded;              /* the required symbols resolved */
     bool usable;              /* loaded, and a driver and a device answered */

@@ -53,6 +53,19 @@ static inline unsigned engine_normalized_flags(unsigned flags)
     return flags != 0 ? flags : ENGINE_REGISTER_PORTABLE | ENGINE_REGISTER_DEVICEMAP;
 }
 
+/* What pinning meets in a mapping (the runtime's backend reads it from
+ * /proc/self/smaps; memory_map.h). */
+enum engine_mapping_kind {
+    ENGINE_MAPPING_WRITABLE,    /* registered with the flags chosen */
+    ENGINE_MAPPING_READ_ONLY,   /* needs READ_ONLY, where the device supports it */
+    ENGINE_MAPPING_NO_ACCESS,   /* PROT_NONE: no driver pins it */
+    ENGINE_MAPPING_IO,          /* VM_IO or VM_PFNMAP: no driver pins it */
+    ENGINE_MAPPING_SHARED_FILE, /* a writable shared file mapping that needs dirty
+                                   tracking: not long-term pinnable for writing */
+    ENGINE_MAPPING_UNMAPPED,
+    ENGINE_MAPPING_KIND_COUNT
+};
+
 /* Where a registration made now would go. */
 enum engine_choice {
     ENGINE_PLACE_READY,    /* *place filled in */
@@ -95,6 +108,16 @@ struct engine_backend {
                            void (*found)(void *found_context, uintptr_t part_start,
                                          uintptr_t part_end),
                            void *found_context);
+    /* Optional: calls found for each run of [start, end) of one mapping kind
+     * (asked only after a registration failed: a range that spans mappings
+     * of other kinds is then registered piece by piece). */
+    bool (*mapping_kinds)(void *context, uintptr_t start, uintptr_t end,
+                          void (*found)(void *found_context, uintptr_t part_start,
+                                        uintptr_t part_end, enum engine_mapping_kind kind),
+                          void *found_context);
+    /* Optional: whether place's device takes READ_ONLY registrations
+     * (CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED). */
+    bool (*read_only_supported)(void *context, const struct range_place *place);
     /* Optional: whether every page of [start, end) is mapped. */
     bool (*is_mapped)(void *context, uintptr_t start, uintptr_t end);
     /* Optional: the [start, end) of the mapping (VMA) that holds addr. */
@@ -115,7 +138,8 @@ enum release_reason {
     RELEASE_MREMAP,
     RELEASE_MMAP_FIXED,
     RELEASE_EXIT,
-    RELEASE_PROGRAM, /* the program registered the pages itself */
+    RELEASE_PROGRAM,  /* the program registered the pages itself */
+    RELEASE_MPROTECT, /* read-only pages became writable: registered again writable */
     RELEASE_REASON_COUNT
 };
 
@@ -128,13 +152,13 @@ enum engine_onfault {
 
 struct engine_options {
     uint64_t min_bytes;
+    uint64_t max_registration_bytes; /* larger ranges are registered in chunks */
+    uintptr_t page_size;
     /* CU_MEMHOSTREGISTER_* bits every registration is made with (0: the
      * default, PORTABLE|DEVICEMAP). */
     unsigned register_flags;
-    uint64_t max_registration_bytes; /* larger ranges are registered in chunks */
-    bool asynchronous;               /* lock calls return before registration */
     enum engine_onfault onfault;
-    uintptr_t page_size;
+    bool asynchronous; /* lock calls return before registration */
 };
 
 /* The real call of an entry point, run by the engine inside its protocol.
@@ -212,8 +236,6 @@ struct engine {
      * variable of its own that free reads with a RIP-relative compare. */
     uintptr_t *gate;
     uint64_t *window_entries; /* ENGINE_WINDOW_MAP_BYTES, or NULL */
-    bool window_allowed;      /* engine_enable_window was called */
-    bool window_placed;       /* the window's place chosen (at the first record) */
     pthread_mutex_t mutex;
     pthread_cond_t changed; /* claims dropped, worker work */
     struct range_registry registry;
@@ -224,23 +246,33 @@ struct engine {
      * grows while records exist and starts afresh with the first record after
      * none); written under the mutex, read without it by the fast paths. */
     uintptr_t span_start, span_end;
+    bool window_allowed; /* engine_enable_window was called */
+    bool window_placed;  /* the window's place chosen (at the first record) */
     bool registry_ok;
     bool shut_down;
+    bool worker_active; /* a registration thread runs (or is being started) */
+    bool worker_busy;   /* it is registering a range now */
     struct engine_claim claims[ENGINE_CLAIMS];
     /* Records waiting for the registration thread (QUEUED) or for a context
      * (PENDING), by base; stale entries are skipped. */
     struct engine_waiting *queue_head, *queue_tail, *pending_head, *pending_tail;
     size_t queued_ranges, pending_ranges; /* written under the mutex, read without it */
     uint64_t pending_bytes;
-    bool worker_active;               /* a registration thread runs (or is being started) */
-    bool worker_busy;                 /* it is registering a range now */
     uint64_t pending_passes;          /* looks finished (engine_drain waits for one) */
     struct pinshim_counters counters; /* guarded by mutex; the fields below are not */
     /* Bumped with relaxed atomics outside the lock, merged by engine_get_counters. */
     uint64_t skipped_small, lock_calls, unlock_calls, mlockall_calls;
-    uint64_t skipped_disabled;      /* locks not registered: registration off in this process */
-    uint64_t skipped_cuda_library;  /* locks made by the CUDA driver or a runtime itself */
-    uint64_t skipped_address;       /* locks above the indexed address space */
+    uint64_t skipped_disabled;     /* locks not registered: registration off in this process */
+    uint64_t skipped_cuda_library; /* locks made by the CUDA driver or a runtime itself */
+    /* Registrations split by mapping: pieces registered READ_ONLY, pieces
+     * left unregistered by kind (and read-only pieces on a device that takes
+     * no READ_ONLY), ranges registered piece by piece. */
+    uint64_t read_only_registrations;
+    uint64_t skipped_pieces[ENGINE_MAPPING_KIND_COUNT];
+    uint64_t skipped_read_only_unsupported;
+    uint64_t registered_by_pieces;
+    uint64_t logged_skips;    /* bit per kind (and bit 31: no READ_ONLY support): logged once */
+    uint64_t skipped_address; /* locks above the indexed address space */
     uint64_t skipped_onfault_pages; /* MLOCK_ONFAULT pages not resident, not registered */
     uint64_t exit_unloading;        /* exit unregistrations answered "runtime/driver unloading" */
     uint64_t live_ranges_at_exit, live_bytes_at_exit;
@@ -345,6 +377,14 @@ long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, boo
 long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
                    enum release_reason reason, enum engine_failure_rule failure,
                    const struct engine_call *call);
+
+/* mprotect, pkey_mprotect of [start, end) (pages) that makes them writable:
+ * what is registered there READ_ONLY is registered again without it once
+ * the call succeeds (so the device may write it, as it may any writable
+ * locked buffer). Protection taken away keeps the registrations as they
+ * are: they stay valid. */
+long engine_protect(struct engine *engine, uintptr_t start, uintptr_t end,
+                    const struct engine_call *call);
 
 /* mremap. flags are mremap's; new_address is read with MREMAP_FIXED. */
 long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, size_t new_size,

@@ -60,8 +60,10 @@ static void count_device_locked(struct engine *engine, const struct range_place 
 }
 
 /* The record at base is REGISTERING: makes the backend call with the mutex
- * dropped (the caller's claim covers the record) and records the outcome. */
-void engine_register_record_locked(struct engine *engine, uintptr_t base, bool on_worker)
+ * dropped (the caller's claim covers the record) and records a success, or
+ * the wait for a context. Returns the backend's answer; a failure is left
+ * for the caller (record_failure_locked). */
+static int try_register_locked(struct engine *engine, uintptr_t base, bool on_worker)
 {
     struct range_record *record = range_registry_find(&engine->registry, base);
     struct range_place place = record->place;
@@ -102,24 +104,172 @@ void engine_register_record_locked(struct engine *engine, uintptr_t base, bool o
         /* The context it was meant for went away: wait for one. */
         engine->deferred_total++;
         engine_set_state_locked(engine, record, RANGE_PENDING);
-    } else {
-        engine_remove_record_locked(engine, base);
-        bool first = note_error(engine, error, engine->warned_register);
-        if (error == ENGINE_CUDA_ALREADY_REGISTERED) {
-            /* The program or its framework registered it: not ours to unregister. */
-            counters->register_already_registered++;
-            log_info("%#lx + %lu bytes are already registered by the program; left alone",
-                     (unsigned long)base, (unsigned long)length);
-        } else {
-            counters->register_failed++;
-            if (first)
-                log_warn("%s(%#lx, %lu) failed: %s (%d); the range stays "
-                         "mlocked only; further %s failures are counted, not logged",
-                         call_name(engine, false), (unsigned long)base, (unsigned long)length,
-                         error_name(engine, error), error, error_name(engine, error));
-        }
     }
     pthread_cond_broadcast(&engine->changed);
+    return error;
+}
+
+static bool registration_failed(int error)
+{
+    return error != ENGINE_CUDA_SUCCESS && error != ENGINE_CUDA_NO_CONTEXT;
+}
+
+/* The registration of the record at base failed with error: it goes,
+ * counted (and warned about the first time). */
+static void record_failure_locked(struct engine *engine, uintptr_t base, int error)
+{
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    size_t length = record->end - record->base;
+    struct pinshim_counters *counters = &engine->counters;
+    engine_remove_record_locked(engine, base);
+    bool first = note_error(engine, error, engine->warned_register);
+    if (error == ENGINE_CUDA_ALREADY_REGISTERED) {
+        /* The program or its framework registered it: not ours to unregister. */
+        counters->register_already_registered++;
+        log_info("%#lx + %lu bytes are already registered by the program; left alone",
+                 (unsigned long)base, (unsigned long)length);
+    } else {
+        counters->register_failed++;
+        if (first)
+            log_warn("%s(%#lx, %lu) failed: %s (%d); the range stays "
+                     "mlocked only; further %s failures are counted, not logged",
+                     call_name(engine, false), (unsigned long)base, (unsigned long)length,
+                     error_name(engine, error), error, error_name(engine, error));
+    }
+    pthread_cond_broadcast(&engine->changed);
+}
+
+static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, bool on_worker);
+
+/* A failure may come from the mappings the range spans (read-only, I/O, a
+ * shared file): the range is then registered piece by piece, each piece with
+ * the flags its mapping needs. */
+void engine_register_record_locked(struct engine *engine, uintptr_t base, bool on_worker)
+{
+    int error = try_register_locked(engine, base, on_worker);
+    if (registration_failed(error) && (error == ENGINE_CUDA_ALREADY_REGISTERED ||
+                                       !register_by_pieces_locked(engine, base, on_worker)))
+        record_failure_locked(engine, base, error);
+}
+
+/* A piece: registered, or its failure recorded. */
+static void register_piece_locked(struct engine *engine, uintptr_t base, bool on_worker)
+{
+    int error = try_register_locked(engine, base, on_worker);
+    if (registration_failed(error))
+        record_failure_locked(engine, base, error);
+}
+
+/* ---- registering piece by piece ---- */
+
+#define ENGINE_MAPPING_PIECES 64
+
+struct mapping_pieces {
+    size_t count;
+    bool overflow;
+    uintptr_t start[ENGINE_MAPPING_PIECES], end[ENGINE_MAPPING_PIECES];
+    uint8_t kind[ENGINE_MAPPING_PIECES];
+};
+
+static void collect_piece(void *context, uintptr_t start, uintptr_t end,
+                          enum engine_mapping_kind kind)
+{
+    struct mapping_pieces *pieces = context;
+    if (pieces->count == ENGINE_MAPPING_PIECES) {
+        pieces->overflow = true;
+        return;
+    }
+    pieces->start[pieces->count] = start;
+    pieces->end[pieces->count] = end;
+    pieces->kind[pieces->count] = (uint8_t)kind;
+    pieces->count++;
+}
+
+static const char *const mapping_kind_names[ENGINE_MAPPING_KIND_COUNT] = {
+    [ENGINE_MAPPING_WRITABLE] = "writable",
+    [ENGINE_MAPPING_READ_ONLY] = "read-only",
+    [ENGINE_MAPPING_NO_ACCESS] = "without access (PROT_NONE)",
+    [ENGINE_MAPPING_IO] = "I/O or PFN-mapped (VM_IO, VM_PFNMAP)",
+    [ENGINE_MAPPING_SHARED_FILE] = "a writable shared file mapping (Linux 6.5+ refuses it)",
+    [ENGINE_MAPPING_UNMAPPED] = "unmapped",
+};
+
+/* A piece no registration can cover: counted, named once per kind. */
+static void skip_piece_locked(struct engine *engine, uintptr_t base, int kind, bool no_read_only)
+{
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    uintptr_t end = record->end;
+    engine_remove_record_locked(engine, base);
+    unsigned bit = no_read_only ? 31u : (unsigned)kind;
+    if (no_read_only)
+        engine->skipped_read_only_unsupported++;
+    else
+        engine->skipped_pieces[kind]++;
+    if (!(engine->logged_skips & ((uint64_t)1 << bit))) {
+        engine->logged_skips |= (uint64_t)1 << bit;
+        if (no_read_only)
+            log_info("%#lx + %lu bytes are mapped read-only and the device takes no READ_ONLY "
+                     "registrations; such pieces stay mlocked only (logged once)",
+                     (unsigned long)base, (unsigned long)(end - base));
+        else
+            log_info("%#lx + %lu bytes are %s: no driver pins them; such pieces stay mlocked "
+                     "only (logged once)",
+                     (unsigned long)base, (unsigned long)(end - base), mapping_kind_names[kind]);
+    }
+}
+
+/* After a failed registration of the record at base: when the range spans
+ * mappings the default flags cannot pin, registers each piece with the flags
+ * its mapping needs (READ_ONLY for read-only memory, where the device takes
+ * it) and leaves out what no registration can cover. False, changing
+ * nothing, when every piece is plainly writable: the failure was the
+ * range's own. */
+static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, bool on_worker)
+{
+    const struct engine_backend *backend = engine->backend;
+    if (backend->mapping_kinds == NULL)
+        return false;
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    uintptr_t end = record->end;
+    struct range_place place = record->place;
+    static struct mapping_pieces none;
+    struct mapping_pieces pieces = none;
+    pthread_mutex_unlock(&engine->mutex);
+    bool read = backend->mapping_kinds(backend->context, base, end, collect_piece, &pieces);
+    bool mixed = false, read_only = false;
+    for (size_t i = 0; i < pieces.count; i++) {
+        mixed = mixed || pieces.kind[i] != ENGINE_MAPPING_WRITABLE;
+        read_only = read_only || pieces.kind[i] == ENGINE_MAPPING_READ_ONLY;
+    }
+    bool read_only_taken = (place.register_flags & ENGINE_REGISTER_READ_ONLY) ||
+                           (read_only && backend->read_only_supported != NULL &&
+                            backend->read_only_supported(backend->context, &place));
+    pthread_mutex_lock(&engine->mutex);
+    if (!read || !mixed || pieces.overflow || pieces.count == 0 || pieces.start[0] != base ||
+        pieces.end[pieces.count - 1] != end ||
+        !range_registry_reserve(&engine->registry, 2 * pieces.count))
+        return false;
+    engine->registered_by_pieces++;
+    for (size_t i = 0; i < pieces.count; i++) {
+        struct range_record *part = engine_isolate_locked(
+            engine, range_registry_containing(&engine->registry, pieces.start[i])->base,
+            pieces.start[i], pieces.end[i]);
+        /* isolate cannot fail: room was reserved. */
+        uintptr_t part_base = part->base;
+        int kind = pieces.kind[i];
+        if (kind == ENGINE_MAPPING_READ_ONLY && read_only_taken) {
+            part->place.register_flags |= ENGINE_REGISTER_READ_ONLY;
+            register_piece_locked(engine, part_base, on_worker);
+            part = range_registry_find(&engine->registry, part_base);
+            if (part != NULL && part->state == RANGE_REGISTERED)
+                engine->read_only_registrations++;
+        } else if (kind == ENGINE_MAPPING_WRITABLE) {
+            register_piece_locked(engine, part_base, on_worker);
+        } else {
+            skip_piece_locked(engine, part_base, kind, kind == ENGINE_MAPPING_READ_ONLY);
+        }
+    }
+    return true;
 }
 
 /* Adds records for the pages of [start, end) that no record covers, in
@@ -239,6 +389,8 @@ static uint64_t *reason_counter(struct pinshim_counters *counters, enum release_
         return &counters->unregister_mmap_fixed;
     case RELEASE_PROGRAM:
         return &counters->unregister_program;
+    case RELEASE_MPROTECT:
+        return &counters->unregister_mprotect;
     case RELEASE_EXIT:
     case RELEASE_REASON_COUNT:
         break;
@@ -654,6 +806,46 @@ long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
         engine_restore_locked(&op, &ticket, 0, UINTPTR_MAX, false); /* the block is as it was */
     else
         engine_ticket_discard_locked(engine, &ticket);
+    engine_op_end(&op);
+    errno = call_errno;
+    return result;
+}
+
+long engine_protect(struct engine *engine, uintptr_t start, uintptr_t end,
+                    const struct engine_call *call)
+{
+    if (!engine_active(engine) || start >= end || end > PAGE_INDEX_LIMIT ||
+        !engine_may_overlap(engine, start, end))
+        return engine_run_plain(call);
+    struct engine_op op;
+    engine_op_begin(&op, engine);
+    engine_claim_locked(&op, &start, &end, 1, true, false);
+    /* The READ_ONLY registrations there (not the user's PINSHIM_FLAGS=readonly)
+     * go before the call; the parts outside it are registered again as they
+     * were. */
+    bool forced = engine->options.register_flags & ENGINE_REGISTER_READ_ONLY;
+    struct engine_ticket ticket = {0};
+    struct release_request request = {start, end, RELEASE_MPROTECT, &ticket, false, 0, 0};
+    uintptr_t cursor = start;
+    while (!forced && cursor < end) {
+        struct range_record *record = range_registry_first_overlap(&engine->registry, cursor, end);
+        if (record == NULL)
+            break;
+        uintptr_t base = record->base;
+        cursor = record->end;
+        if (record->state == RANGE_REGISTERED &&
+            (record->place.register_flags & ENGINE_REGISTER_READ_ONLY))
+            release_part_locked(&op, base, engine_max_address(base, start),
+                                engine_min_address(record->end, end), &request);
+    }
+    int call_errno;
+    long result = engine_op_run(&op, call, &call_errno);
+    if (result == 0) {
+        /* Writable now: registered with the flags chosen for writable memory. */
+        for (struct engine_piece *piece = ticket.head; piece != NULL; piece = piece->next)
+            piece->place.register_flags = 0;
+    }
+    engine_restore_locked(&op, &ticket, 0, UINTPTR_MAX, false);
     engine_op_end(&op);
     errno = call_errno;
     return result;

@@ -45,6 +45,8 @@ typedef int (*mlockall_fn)(int);
 typedef int (*munlockall_fn)(void);
 typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
 typedef int (*munmap_fn)(void *, size_t);
+typedef int (*mprotect_fn)(void *, size_t, int);
+typedef int (*pkey_mprotect_fn)(void *, size_t, int, int);
 typedef void *(*mremap_fn)(void *, size_t, size_t, int, ...);
 typedef void (*exit_fn)(int);
 
@@ -70,6 +72,8 @@ static struct {
     mmap_fn mmap;
     mmap_fn mmap64;
     munmap_fn munmap;
+    mprotect_fn mprotect;
+    pkey_mprotect_fn pkey_mprotect;
     mremap_fn mremap;
     exit_fn exit_now;
 } real = {.free = bootstrap_free, .malloc_usable_size = bootstrap_usable_size};
@@ -99,6 +103,8 @@ static void resolve_once_body(void)
     real.mmap = (mmap_fn)next_symbol("mmap");
     real.mmap64 = (mmap_fn)next_symbol("mmap64");
     real.munmap = (munmap_fn)next_symbol("munmap");
+    real.mprotect = (mprotect_fn)next_symbol("mprotect");
+    real.pkey_mprotect = (pkey_mprotect_fn)next_symbol("pkey_mprotect");
     real.mremap = (mremap_fn)next_symbol("mremap");
     real.exit_now = (exit_fn)next_symbol("_exit");
     /* free and malloc_usable_size are read without synchronisation on the hot
@@ -663,6 +669,60 @@ PINSHIM_EXPORT int munmap(void *addr, size_t length)
                                     RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING, &call);
     runtime_guard_leave();
     return result;
+}
+
+/* mprotect, pkey_mprotect: memory registered READ_ONLY (it was read-only
+ * when it was registered) that becomes writable is registered again without
+ * READ_ONLY, so the device may write it as it may any writable locked
+ * buffer. Taking protection away changes nothing: the registration stays
+ * valid. One compare when nothing is registered there. */
+struct protect_call {
+    void *addr;
+    size_t length;
+    int prot, pkey;
+    bool with_key;
+};
+
+static long run_mprotect(void *arguments)
+{
+    struct protect_call *call = arguments;
+    if (call->with_key)
+        return real.pkey_mprotect != NULL
+                   ? real.pkey_mprotect(call->addr, call->length, call->prot, call->pkey)
+                   : syscall(SYS_pkey_mprotect, call->addr, call->length, call->prot, call->pkey);
+    if (real.mprotect == NULL) /* while the real functions are being resolved */
+        return syscall(SYS_mprotect, call->addr, call->length, call->prot);
+    return real.mprotect(call->addr, call->length, call->prot);
+}
+
+static int protect_common(struct protect_call *arguments, const void *caller)
+{
+    uintptr_t start = (uintptr_t)arguments->addr;
+    if (!(arguments->prot & PROT_WRITE) || runtime_guarded() || arguments->length == 0 ||
+        start % runtime_page_size != 0 ||
+        !engine_may_overlap(&runtime_engine, start, range_end(start, arguments->length)) ||
+        called_by_cuda(caller))
+        return (int)run_mprotect(arguments);
+    struct engine_call call = {run_mprotect, arguments};
+    runtime_guard_enter();
+    int result =
+        (int)engine_protect(&runtime_engine, start, range_end(start, arguments->length), &call);
+    runtime_guard_leave();
+    return result;
+}
+
+PINSHIM_EXPORT int mprotect(void *addr, size_t len, int prot)
+{
+    ensure_resolved();
+    struct protect_call arguments = {addr, len, prot, 0, false};
+    return protect_common(&arguments, __builtin_return_address(0));
+}
+
+PINSHIM_EXPORT int pkey_mprotect(void *addr, size_t len, int prot, int pkey)
+{
+    ensure_resolved();
+    struct protect_call arguments = {addr, len, prot, pkey, true};
+    return protect_common(&arguments, __builtin_return_address(0));
 }
 
 struct remap_call {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -194,4 +195,153 @@ bool memory_map_resident_parts(uintptr_t start, uintptr_t end, uintptr_t page_si
         found(context, run_start, chunk);
     errno = saved_errno;
     return ok;
+}
+
+/* ---- what pinning meets ---- */
+
+#define TMPFS_MAGIC_NUMBER 0x01021994ul
+#define HUGETLBFS_MAGIC_NUMBER 0x958458f6ul
+#define RAMFS_MAGIC_NUMBER 0x858458f6ul
+
+/* Whether the shared file mapping of path needs dirty tracking (the
+ * kernel's vma_needs_dirty_tracking): a file on a file system that writes
+ * back, not shmem (memfd, SysV, shared anonymous memory, tmpfs), hugetlbfs
+ * or ramfs. A removed file is judged by its directory. */
+static bool needs_dirty_tracking(const char *path, size_t length)
+{
+    static const char *const shmem_names[] = {"/memfd:", "/SYSV", "/dev/zero"};
+    for (size_t i = 0; i < sizeof(shmem_names) / sizeof(shmem_names[0]); i++)
+        if (length >= strlen(shmem_names[i]) &&
+            memcmp(path, shmem_names[i], strlen(shmem_names[i])) == 0)
+            return false;
+    char name[512];
+    static const char deleted[] = " (deleted)";
+    if (length >= sizeof(name))
+        return true;
+    memcpy(name, path, length);
+    name[length] = '\0';
+    size_t tail = sizeof(deleted) - 1;
+    if (length > tail && strcmp(name + length - tail, deleted) == 0) {
+        name[length - tail] = '\0';
+        char *slash = strrchr(name, '/');
+        if (slash != NULL)
+            slash[slash == name ? 1 : 0] = '\0';
+    }
+    struct statfs fs;
+    int saved_errno = errno;
+    bool known = statfs(name, &fs) == 0;
+    errno = saved_errno;
+    if (!known)
+        return true;
+    unsigned long type = (unsigned long)fs.f_type;
+    return type != TMPFS_MAGIC_NUMBER && type != HUGETLBFS_MAGIC_NUMBER &&
+           type != RAMFS_MAGIC_NUMBER;
+}
+
+struct kinds_state {
+    uintptr_t start, end, covered;
+    uintptr_t mapping_low, mapping_high;
+    enum memory_map_kind mapping_kind;
+    bool in_range;
+    /* The run being built, reported when the kind changes. */
+    uintptr_t run_start, run_end;
+    enum memory_map_kind run_kind;
+    bool have_run;
+    void (*found)(void *context, uintptr_t part_start, uintptr_t part_end,
+                  enum memory_map_kind kind);
+    void *context;
+};
+
+static void kinds_add(struct kinds_state *state, uintptr_t from, uintptr_t to,
+                      enum memory_map_kind kind)
+{
+    if (from >= to)
+        return;
+    if (state->have_run && state->run_kind == kind && state->run_end == from) {
+        state->run_end = to;
+        return;
+    }
+    if (state->have_run)
+        state->found(state->context, state->run_start, state->run_end, state->run_kind);
+    state->run_start = from;
+    state->run_end = to;
+    state->run_kind = kind;
+    state->have_run = true;
+}
+
+/* perms ("rw-s") and path of a header line. */
+static enum memory_map_kind header_kind(const char *line, const char *line_end)
+{
+    const char *perms = memchr(line, ' ', (size_t)(line_end - line));
+    if (perms == NULL || line_end - perms < 5)
+        return MEMORY_MAP_NO_ACCESS;
+    perms++;
+    if (perms[0] != 'r')
+        return MEMORY_MAP_NO_ACCESS;
+    if (perms[1] != 'w')
+        return MEMORY_MAP_READ_ONLY;
+    if (perms[3] != 's')
+        return MEMORY_MAP_WRITABLE;
+    /* The path: after perms, offset, dev and inode. */
+    const char *at = perms;
+    for (int field = 0; field < 4 && at != NULL; field++) {
+        at = memchr(at, ' ', (size_t)(line_end - at));
+        if (at != NULL)
+            while (at < line_end && *at == ' ')
+                at++;
+    }
+    if (at == NULL || at >= line_end || *at != '/')
+        return MEMORY_MAP_WRITABLE; /* shared anonymous memory: shmem */
+    return needs_dirty_tracking(at, (size_t)(line_end - at)) ? MEMORY_MAP_SHARED_FILE
+                                                             : MEMORY_MAP_WRITABLE;
+}
+
+static bool kinds_visit(void *opaque, const char *line, const char *line_end)
+{
+    struct kinds_state *state = opaque;
+    uintptr_t low, high;
+    if (parse_mapping_line(line, line_end, &low, &high)) {
+        state->in_range = false;
+        if (high <= state->covered)
+            return true;
+        if (low >= state->end)
+            return false;
+        if (low > state->covered)
+            kinds_add(state, state->covered, low, MEMORY_MAP_UNMAPPED);
+        state->mapping_low = low > state->start ? low : state->start;
+        state->mapping_high = high < state->end ? high : state->end;
+        state->mapping_kind = header_kind(line, line_end);
+        state->in_range = true;
+        state->covered = state->mapping_high;
+        return true;
+    }
+    static const char flags_key[] = "VmFlags:";
+    size_t length = (size_t)(line_end - line);
+    if (!state->in_range || length < sizeof(flags_key) - 1 ||
+        memcmp(line, flags_key, sizeof(flags_key) - 1) != 0)
+        return true;
+    enum memory_map_kind kind = state->mapping_kind;
+    for (const char *at = line + sizeof(flags_key) - 1; at + 2 <= line_end; at++)
+        if (at[-1] == ' ' && (at + 2 == line_end || at[2] == ' ') &&
+            ((at[0] == 'i' && at[1] == 'o') || (at[0] == 'p' && at[1] == 'f')))
+            kind = MEMORY_MAP_IO;
+    kinds_add(state, state->mapping_low, state->mapping_high, kind);
+    state->in_range = false;
+    return state->covered < state->end;
+}
+
+bool memory_map_kinds(uintptr_t start, uintptr_t end,
+                      void (*found)(void *context, uintptr_t part_start, uintptr_t part_end,
+                                    enum memory_map_kind kind),
+                      void *context)
+{
+    struct kinds_state state = {
+        .start = start, .end = end, .covered = start, .found = found, .context = context};
+    if (!for_each_line("/proc/self/smaps", kinds_visit, &state))
+        return false;
+    if (state.covered < end)
+        kinds_add(&state, state.covered, end, MEMORY_MAP_UNMAPPED);
+    if (state.have_run)
+        found(context, state.run_start, state.run_end, state.run_kind);
+    return true;
 }

@@ -269,6 +269,71 @@ static bool backend_resident_parts(void *context, uintptr_t start, uintptr_t end
     return memory_map_resident_parts(start, end, runtime_page_size, found, found_context);
 }
 
+_Static_assert((int)MEMORY_MAP_WRITABLE == (int)ENGINE_MAPPING_WRITABLE &&
+                   (int)MEMORY_MAP_READ_ONLY == (int)ENGINE_MAPPING_READ_ONLY &&
+                   (int)MEMORY_MAP_NO_ACCESS == (int)ENGINE_MAPPING_NO_ACCESS &&
+                   (int)MEMORY_MAP_IO == (int)ENGINE_MAPPING_IO &&
+                   (int)MEMORY_MAP_SHARED_FILE == (int)ENGINE_MAPPING_SHARED_FILE &&
+                   (int)MEMORY_MAP_UNMAPPED == (int)ENGINE_MAPPING_UNMAPPED &&
+                   (int)MEMORY_MAP_KIND_COUNT == (int)ENGINE_MAPPING_KIND_COUNT,
+               "the engine's mapping kinds are memory_map's");
+
+struct kinds_forward {
+    void (*found)(void *found_context, uintptr_t part_start, uintptr_t part_end,
+                  enum engine_mapping_kind kind);
+    void *found_context;
+};
+
+static void forward_kind(void *context, uintptr_t start, uintptr_t end, enum memory_map_kind kind)
+{
+    struct kinds_forward *forward = context;
+    forward->found(forward->found_context, start, end, (enum engine_mapping_kind)kind);
+}
+
+static bool backend_mapping_kinds(void *context, uintptr_t start, uintptr_t end,
+                                  void (*found)(void *found_context, uintptr_t part_start,
+                                                uintptr_t part_end, enum engine_mapping_kind kind),
+                                  void *found_context)
+{
+    (void)context;
+    struct kinds_forward forward = {found, found_context};
+    return memory_map_kinds(start, end, forward_kind, &forward);
+}
+
+/* CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, asked once per
+ * device: through the program's driver (program mode) or the runtime the
+ * shim loaded (create mode). 0 unknown, 1 no, 2 yes. */
+static uint8_t read_only_support[ENGINE_MAX_DEVICES];
+
+static bool backend_read_only_supported(void *context, const struct range_place *place)
+{
+    (void)context;
+    int device = place->device >= 0 ? place->device : 0;
+    if (device >= ENGINE_MAX_DEVICES)
+        return false;
+    uint8_t known = __atomic_load_n(&read_only_support[device], __ATOMIC_RELAXED);
+    if (known != 0)
+        return known == 2;
+    int value = 0, error = -1;
+    runtime_guard_enter();
+    if (runtime_config.context_mode == CONTEXT_CREATE && cuda.device_get_attribute != NULL) {
+        error = cuda.device_get_attribute(
+            &value, CUDA_DRIVER_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, device);
+        if (error != 0)
+            cuda_runtime_clear_last_error(&cuda);
+    } else if (runtime_config.context_mode == CONTEXT_PROGRAM) {
+        error = cuda_driver_device_attribute(
+            &driver, CUDA_DRIVER_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, device, &value);
+    }
+    runtime_guard_leave();
+    bool supported = error == 0 && value != 0;
+    __atomic_store_n(&read_only_support[device], supported ? 2 : 1, __ATOMIC_RELAXED);
+    log_info("device %d %s READ_ONLY registrations (read-only memory %s)", device,
+             supported ? "takes" : "takes no",
+             supported ? "is registered so" : "stays mlocked only");
+    return supported;
+}
+
 static bool backend_is_mapped(void *context, uintptr_t start, uintptr_t end)
 {
     (void)context;
@@ -348,6 +413,8 @@ static const struct engine_backend cuda_backend = {
     .locked_parts = backend_locked_parts,
     .resident_parts = backend_resident_parts,
     .is_mapped = backend_is_mapped,
+    .mapping_kinds = backend_mapping_kinds,
+    .read_only_supported = backend_read_only_supported,
     .mapping_bounds = backend_mapping_bounds,
     .wake_worker = backend_wake_worker,
     .registered = backend_registered,
@@ -630,6 +697,13 @@ static void fill_report(struct stats_report *report)
     pthread_mutex_lock(&engine->mutex);
     report->skipped_disabled = engine->skipped_disabled;
     report->skipped_cuda_library = engine->skipped_cuda_library;
+    report->registered_by_pieces = engine->registered_by_pieces;
+    report->read_only_registrations = engine->read_only_registrations;
+    report->skipped_read_only_unsupported = engine->skipped_read_only_unsupported;
+    report->skipped_io = engine->skipped_pieces[ENGINE_MAPPING_IO];
+    report->skipped_no_access = engine->skipped_pieces[ENGINE_MAPPING_NO_ACCESS];
+    report->skipped_shared_file = engine->skipped_pieces[ENGINE_MAPPING_SHARED_FILE];
+    report->skipped_unmapped = engine->skipped_pieces[ENGINE_MAPPING_UNMAPPED];
     report->skipped_address = engine->skipped_address;
     report->skipped_onfault_pages = engine->skipped_onfault_pages;
     report->exit_unloading = engine->exit_unloading;

@@ -182,6 +182,14 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_key_u64(&out, "skipped_small", c->register_skipped_small, false);
     out_key_u64(&out, "skipped_no_runtime", report->skipped_disabled, false);
     out_key_u64(&out, "skipped_cuda_library", report->skipped_cuda_library, false);
+    out_key_u64(&out, "by_pieces", report->registered_by_pieces, false);
+    out_key_u64(&out, "read_only", report->read_only_registrations, false);
+    out_key_u64(&out, "skipped_read_only_unsupported", report->skipped_read_only_unsupported,
+                false);
+    out_key_u64(&out, "skipped_io", report->skipped_io, false);
+    out_key_u64(&out, "skipped_no_access", report->skipped_no_access, false);
+    out_key_u64(&out, "skipped_shared_file", report->skipped_shared_file, false);
+    out_key_u64(&out, "skipped_unmapped", report->skipped_unmapped, false);
     out_key_u64(&out, "skipped_address", report->skipped_address, false);
     out_key_u64(&out, "skipped_onfault_pages", report->skipped_onfault_pages, false);
     out_key_u64(&out, "bytes", c->register_bytes, false);
@@ -198,6 +206,7 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_key_u64(&out, "mmap_fixed", c->unregister_mmap_fixed, false);
     out_key_u64(&out, "exit", c->unregister_exit, false);
     out_key_u64(&out, "program", c->unregister_program, false);
+    out_key_u64(&out, "mprotect", c->unregister_mprotect, false);
     out_key_u64(&out, "exit_unloading", report->exit_unloading, false);
     out_key_u64(&out, "gone", report->gone_with_context, false);
     out_format(&out, "\"seconds\": %.6f", seconds(c->unregister_nanoseconds));
@@ -341,16 +350,29 @@ bool stats_write_text(int fd, const struct stats_report *report)
                (unsigned long long)c->register_skipped_small,
                (unsigned long long)report->skipped_disabled,
                (unsigned long long)report->skipped_onfault_pages, peak);
-    out_format(&out,
-               "pinshim:   unregister by munlock %llu, free %llu, realloc %llu, munmap %llu, "
-               "mremap %llu, mmap_fixed %llu, exit %llu (%llu after CUDA unloaded), %llu found "
-               "gone\n",
-               (unsigned long long)c->unregister_munlock, (unsigned long long)c->unregister_free,
-               (unsigned long long)c->unregister_realloc, (unsigned long long)c->unregister_munmap,
-               (unsigned long long)c->unregister_mremap,
-               (unsigned long long)c->unregister_mmap_fixed, (unsigned long long)c->unregister_exit,
-               (unsigned long long)report->exit_unloading,
-               (unsigned long long)report->gone_with_context);
+    if (report->registered_by_pieces != 0 || report->skipped_cuda_library != 0)
+        out_format(&out,
+                   "pinshim:   mappings: %llu range(s) registered piece by piece, %llu piece(s) "
+                   "READ_ONLY; left out: %llu read-only (no READ_ONLY support), %llu I/O, %llu "
+                   "PROT_NONE, %llu shared file, %llu unmapped; %llu lock(s) by CUDA itself\n",
+                   (unsigned long long)report->registered_by_pieces,
+                   (unsigned long long)report->read_only_registrations,
+                   (unsigned long long)report->skipped_read_only_unsupported,
+                   (unsigned long long)report->skipped_io,
+                   (unsigned long long)report->skipped_no_access,
+                   (unsigned long long)report->skipped_shared_file,
+                   (unsigned long long)report->skipped_unmapped,
+                   (unsigned long long)report->skipped_cuda_library);
+    out_format(
+        &out,
+        "pinshim:   unregister by munlock %llu, free %llu, realloc %llu, munmap %llu, "
+        "mremap %llu, mmap_fixed %llu, mprotect %llu, exit %llu (%llu after CUDA "
+        "unloaded), %llu found gone\n",
+        (unsigned long long)c->unregister_munlock, (unsigned long long)c->unregister_free,
+        (unsigned long long)c->unregister_realloc, (unsigned long long)c->unregister_munmap,
+        (unsigned long long)c->unregister_mremap, (unsigned long long)c->unregister_mmap_fixed,
+        (unsigned long long)c->unregister_mprotect, (unsigned long long)c->unregister_exit,
+        (unsigned long long)report->exit_unloading, (unsigned long long)report->gone_with_context);
     if (report->error_count > 0) {
         out_text(&out, "pinshim:   errors:");
         for (size_t i = 0; i < report->error_count; i++)

@@ -35,6 +35,11 @@ struct stats_report {
     struct pinshim_counters counters;
     uint64_t skipped_disabled;
     uint64_t skipped_cuda_library;
+    /* Ranges registered piece by piece for their mappings: pieces registered
+     * READ_ONLY, pieces left out by reason. */
+    uint64_t registered_by_pieces, read_only_registrations;
+    uint64_t skipped_read_only_unsupported, skipped_io, skipped_no_access, skipped_shared_file,
+        skipped_unmapped;
     uint64_t skipped_address;
     uint64_t skipped_onfault_pages;
     uint64_t exit_unloading;

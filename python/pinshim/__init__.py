@@ -85,6 +85,8 @@ class Counters(ctypes.Structure):
     pending_ranges: int  #: locked ranges waiting for the program's CUDA context now
     pending_bytes: int
     queued_ranges: int  #: locked ranges waiting for the registration thread now
+    # Since 0.3.0:
+    unregister_mprotect: int  #: read-only registrations made again writable by mprotect
 
     def as_dict(self) -> Dict[str, int]:
         """The fields the shim filled, by name."""

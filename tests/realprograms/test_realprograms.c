@@ -7,11 +7,14 @@
  * the program really made, and a small model replays them into what the shim
  * should have registered. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -546,4 +549,85 @@ Test(realprograms, exiting_with_live_registrations)
     /* The exit unregistrations leave the runtime empty. */
     harness_expect_clean_runtime(&pair.with_shim);
     pair_free(&pair);
+}
+
+/* ---- vmtouch ---- */
+
+/* vmtouch -l maps each file PROT_READ, MAP_SHARED, locks it and waits to be
+ * killed: the lock of a read-only file mapping, registered with READ_ONLY
+ * (issue 18). The test waits (at most 20 s) until the fake runtime logs the
+ * registration, then ends vmtouch, which unlocks nothing itself: the
+ * registration goes with the process. */
+/* The flags of the first successful registration in the log text, or -1. */
+static long registered_flags_in(const char *log)
+{
+    for (const char *line = log; line != NULL && *line;) {
+        unsigned long pid, size, flags;
+        long error;
+        uintptr_t address;
+        if (sscanf(line, "register %lu 0x%" SCNxPTR " %lu %lu %ld", &pid, &address, &size, &flags,
+                   &error) == 5 &&
+            error == 0)
+            return (long)flags;
+        const char *newline = strchr(line, '\n');
+        line = newline ? newline + 1 : NULL;
+    }
+    return -1;
+}
+
+Test(realprograms, vmtouch_lock_registers_the_file_read_only, .timeout = 60)
+{
+    const char *vmtouch = program_or_skip("VMTOUCH", "vmtouch");
+    harness_require_lock_budget(16 << 20);
+    char *directory = make_temp_dir();
+    cr_assert_not_null(directory);
+    char file[1200], log[1200], err[1200];
+    snprintf(file, sizeof file, "%s/weights.bin", directory);
+    snprintf(log, sizeof log, "%s/fake.log", directory);
+    snprintf(err, sizeof err, "%s/stderr", directory);
+    int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_geq(fd, 0);
+    static char block[1 << 20];
+    memset(block, 3, sizeof block);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(write(fd, block, sizeof block), (ssize_t)sizeof block);
+    close(fd);
+
+    pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        int output = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(output, STDOUT_FILENO);
+        dup2(output, STDERR_FILENO);
+        setenv("LD_PRELOAD", harness_env("PINSHIM_LIB"), 1);
+        setenv("PINSHIM_CUDART", harness_env("FAKE_CUDART"), 1);
+        setenv("FAKE_CUDART_LOG", log, 1);
+        setenv("FAKE_CUDART_CHECK", "1", 1);
+        setenv("PINSHIM_LOG", "info", 1);
+        execl(vmtouch, vmtouch, "-l", file, (char *)NULL);
+        _exit(127);
+    }
+    long flags = -1;
+    for (int i = 0; i < 2000 && flags < 0; i++) {
+        char *text = read_file_text(log);
+        flags = text != NULL ? registered_flags_in(text) : -1;
+        free(text);
+        if (flags < 0)
+            usleep(10000);
+    }
+    kill(child, SIGTERM);
+    int status = 0;
+    waitpid(child, &status, 0);
+    char *output = read_file_text(err);
+    char *text = read_file_text(log);
+    cr_assert_eq(flags, 11, "READ_ONLY | PORTABLE | DEVICEMAP\nlog:\n%s\nvmtouch:\n%s",
+                 text ? text : "", output ? output : "");
+    cr_assert(strstr(text, "violation") == NULL, "%s", text);
+    cr_assert(strstr(output, "pinshim: registered ") != NULL, "%s", output);
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "vmtouch ended with %d:\n%s",
+              status, output);
+    free(output);
+    free(text);
+    remove_tree(directory);
+    free(directory);
 }
