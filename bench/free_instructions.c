@@ -156,10 +156,16 @@ static bool mapping_of(uintptr_t address, uintptr_t *start, uintptr_t *end)
     return found;
 }
 
+/* Buffers mapped one page apart: each its own registration. */
+static size_t buffer_stride(void)
+{
+    return LIVE_BYTES + (size_t)sysconf(_SC_PAGESIZE);
+}
+
 /* count 64 KiB buffers mapped and locked at [base, ...), one page apart. */
 static unsigned lock_mapped(uintptr_t base, unsigned count)
 {
-    size_t stride = LIVE_BYTES + 4096;
+    size_t stride = buffer_stride();
     unsigned made = 0;
     for (; made < count; made++) {
         void *want = (void *)(base + made * stride);
@@ -189,7 +195,7 @@ static unsigned lock_far(struct worker *workers, bool below)
         if (mapping_of(workers[t].high - 8192, &start, &end) && end > high)
             high = end;
     }
-    size_t stride = LIVE_BYTES + 4096, size = (size_t)LIVE * stride;
+    size_t stride = buffer_stride(), size = (size_t)LIVE * stride;
     const uintptr_t gib = (uintptr_t)1 << 30;
     if (below) {
         /* As far below as 10,000 buffers need, else as many as fit above 16 MiB. */

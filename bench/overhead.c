@@ -41,12 +41,14 @@
 #define BENCH_FAKE_CUDART_PATH ""
 #endif
 
-#define PAGE_BYTES 4096u
 #define LIVE_BUFFER_BYTES (64u * 1024u) /* one pinned staging buffer of the (a) arm */
 #define MAX_ROUNDS 64
 #define MAX_SIZES 16
 #define BLOCK_PAIRS 50         /* pairs per interleaved block in (b) */
 #define MAX_PAIRED_BLOCKS 1000 /* ABBA pairs per thread count in (p) */
+
+/* The process's page (sysconf, set first in main): the (b) arm locks one page at a time. */
+static size_t page_bytes;
 
 static const size_t default_live_sizes[] = {1, 10, 100, 1000, 10000, 100000, 1000000};
 
@@ -134,7 +136,7 @@ static void *allocate_one(const struct alloc_api *api, uint64_t r, size_t *size_
             memory = NULL;
     } else {
         size = 65536 + spread % 196608;
-        if (api->posix_memalign(&memory, PAGE_BYTES, size) != 0)
+        if (api->posix_memalign(&memory, page_bytes, size) != 0)
             memory = NULL;
     }
     *size_out = size;
@@ -259,7 +261,7 @@ static bool lock_live_buffers(size_t live, bool interleave)
         return false;
     }
     for (size_t i = 0; i < live; i++) {
-        if (posix_memalign(&buffers[i], PAGE_BYTES, LIVE_BUFFER_BYTES) != 0) {
+        if (posix_memalign(&buffers[i], page_bytes, LIVE_BUFFER_BYTES) != 0) {
             printf("ERROR posix_memalign of live buffer %zu failed\n", i);
             return false;
         }
@@ -479,9 +481,9 @@ static bool measure_round(const struct pair_context *ctx, const char *pattern, i
                 ctx->counters(&before, sizeof(before));
                 double began = bench_now_seconds();
                 for (size_t i = first; i < last; i++) {
-                    char *page = ctx->region + order[i] * PAGE_BYTES;
-                    munlock(page, PAGE_BYTES);
-                    mlock(page, PAGE_BYTES);
+                    char *page = ctx->region + order[i] * page_bytes;
+                    munlock(page, page_bytes);
+                    mlock(page, page_bytes);
                 }
                 ns[SHIM][block] = (bench_now_seconds() - began) * 1e9 / count;
                 ctx->counters(&after, sizeof(after));
@@ -501,9 +503,9 @@ static bool measure_round(const struct pair_context *ctx, const char *pattern, i
             } else {
                 double began = bench_now_seconds();
                 for (size_t i = first; i < last; i++) {
-                    char *page = ctx->region + order[i] * PAGE_BYTES;
-                    raw_munlock(page, PAGE_BYTES);
-                    raw_mlock(page, PAGE_BYTES);
+                    char *page = ctx->region + order[i] * page_bytes;
+                    raw_munlock(page, page_bytes);
+                    raw_mlock(page, page_bytes);
                 }
                 ns[RAW][block] = (bench_now_seconds() - began) * 1e9 / count;
             }
@@ -515,9 +517,9 @@ static bool measure_round(const struct pair_context *ctx, const char *pattern, i
              * that the fake's caches are as cold as in the shim's loop. */
             double began = bench_now_seconds();
             for (size_t i = first; i < last; i++) {
-                char *page = ctx->region + direct_order[i] * PAGE_BYTES;
+                char *page = ctx->region + direct_order[i] * page_bytes;
                 ctx->fake_unregister(page);
-                ctx->fake_register(page, PAGE_BYTES, 0);
+                ctx->fake_register(page, page_bytes, 0);
             }
             ns[DIRECT][block] = (bench_now_seconds() - began) * 1e9 / count;
         }
@@ -551,14 +553,14 @@ static int child_bookkeeping(const size_t *sizes, size_t size_count, size_t pair
      * the fake runtime. Locking it once with the raw syscall populates it; the
      * shim then sees one mlock per page, which registers that page alone. */
     size_t pages = max_live + 1;
-    char *region = mmap(NULL, pages * PAGE_BYTES, PROT_READ | PROT_WRITE,
+    char *region = mmap(NULL, pages * page_bytes, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (region == MAP_FAILED) {
         printf("ERROR mmap of %zu pages failed: %s\n", pages, strerror(errno));
         return 1;
     }
     double setup_began = bench_now_seconds();
-    if (raw_mlock(region, pages * PAGE_BYTES) != 0) {
+    if (raw_mlock(region, pages * page_bytes) != 0) {
         printf("ERROR mlock of %zu pages failed: %s\n", pages, strerror(errno));
         return 1;
     }
@@ -576,7 +578,7 @@ static int child_bookkeeping(const size_t *sizes, size_t size_count, size_t pair
         size_t target = sizes[s];
         double grow_began = bench_now_seconds();
         while (live < target) {
-            if (mlock(region + live * PAGE_BYTES, PAGE_BYTES) != 0) {
+            if (mlock(region + live * page_bytes, page_bytes) != 0) {
                 printf("SKIP live=%zu reason=mlock of page %zu failed: %s\n", target, live,
                        strerror(errno));
                 return 0;
@@ -1123,7 +1125,7 @@ static void run_bookkeeping_part(struct bookkeeping_result *results, size_t *res
         result->pattern = i < sizes ? "random" : "hot";
         result->pairs = options.pairs;
         /* The pages; the registry and the fake's tree add a few MiB unlocked. */
-        size_t bytes = (result->live + 1) * PAGE_BYTES;
+        size_t bytes = (result->live + 1) * page_bytes;
         if (!memlock_allows(bytes, result->reason, sizeof(result->reason))) {
             result->skipped = true;
             continue;
@@ -1692,6 +1694,7 @@ static int parse_sizes(const char *list, size_t *sizes, size_t max)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    page_bytes = (size_t)sysconf(_SC_PAGESIZE);
     if (argc >= 2 && strcmp(argv[1], "--child-alloc") == 0) {
         size_t live, ops, reps, max_threads = 2;
         if ((argc != 5 && argc != 6) || !parse_size(argv[2], &live) || !parse_size(argv[3], &ops) ||

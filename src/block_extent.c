@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <string.h>
+#include <unistd.h>
 
 static bool in_libc(void *symbol, const void **base)
 {
@@ -65,6 +66,11 @@ bool block_extent_glibc_header_agrees(const struct block_extent_allocator *alloc
      * the program's heap behaves as it would without the check. */
     static const size_t sizes[] = {1,    8,    24,    25,    100,    1000,
                                    4000, 4096, 10000, 65536, 100000, 40u << 20};
+    /* Page-aligned blocks as posix_memalign's rounding makes them
+     * (block_extent_round_to_pages): aligned to the process's page (were
+     * sysconf to fail, the huge alignment would fail the check, keeping the
+     * call). */
+    size_t page_alignment = (size_t)sysconf(_SC_PAGESIZE);
     bool agrees = true;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && agrees; i++) {
         /* The mmapped block once, plain: an aligned one would map 40 MiB more. */
@@ -72,7 +78,7 @@ bool block_extent_glibc_header_agrees(const struct block_extent_allocator *alloc
         for (int aligned = 0; aligned < kinds && agrees; aligned++) {
             void *block = NULL;
             if (aligned) {
-                if (allocator->posix_memalign(&block, 4096, sizes[i]) != 0)
+                if (allocator->posix_memalign(&block, page_alignment, sizes[i]) != 0)
                     block = NULL;
             } else {
                 block = allocator->malloc(sizes[i]);
@@ -111,4 +117,20 @@ const char *block_extent_source_name(enum block_extent_source source)
     default:
         return "unused";
     }
+}
+
+bool block_extent_round_to_pages(size_t page_size, size_t threshold, size_t *alignment,
+                                 size_t *size)
+{
+    bool valid_alignment =
+        *alignment != 0 && (*alignment & (*alignment - 1)) == 0 && *alignment % sizeof(void *) == 0;
+    if (*size < threshold || !valid_alignment)
+        return false;
+    size_t rounded = (*size + page_size - 1) & ~(page_size - 1);
+    if (rounded < *size)
+        return false; /* wrapped */
+    if (*alignment < page_size)
+        *alignment = page_size;
+    *size = rounded;
+    return true;
 }

@@ -58,4 +58,12 @@ enum block_extent_source block_extent_choose(const struct block_extent_allocator
 
 const char *block_extent_source_name(enum block_extent_source source);
 
+/* posix_memalign's rounding of a buffer that may be locked (size at least
+ * threshold): the size up to whole pages of page_size bytes and the alignment
+ * up to a page, so that a lock of the buffer shares no page with a neighbour.
+ * False, changing nothing, below threshold, for an alignment posix_memalign
+ * rejects (the real call must see it), or when the size cannot be rounded. */
+bool block_extent_round_to_pages(size_t page_size, size_t threshold, size_t *alignment,
+                                 size_t *size);
+
 #endif

@@ -8,6 +8,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* /proc/self/maps and smaps lines are read through a stack buffer of this
+ * size (lines are under 300 bytes but for long path names, which are skipped). */
+#define MEMORY_MAP_LINE_BUFFER_BYTES 4096
+/* Pages mincore reports on per call (one byte each): 16 MiB of 4 KiB pages,
+ * 256 MiB of 64 KiB ones. */
+#define MINCORE_PAGES_PER_CALL 4096
+
 static bool parse_hex(const char **cursor, const char *limit, uintptr_t *value)
 {
     uintptr_t result = 0;
@@ -41,7 +48,7 @@ static bool for_each_line(const char *path,
         errno = saved_errno;
         return false;
     }
-    char buffer[4096];
+    char buffer[MEMORY_MAP_LINE_BUFFER_BYTES];
     size_t held = 0;
     bool going = true, done = false;
     while (going && !done) {
@@ -167,7 +174,7 @@ bool memory_map_resident_parts(uintptr_t start, uintptr_t end, uintptr_t page_si
                                void *context)
 {
     int saved_errno = errno;
-    unsigned char vector[4096]; /* 16 MiB of 4 KiB pages per call */
+    unsigned char vector[MINCORE_PAGES_PER_CALL];
     uintptr_t run_start = 0, chunk = start;
     bool in_run = false, ok = true;
     while (chunk < end) {

@@ -272,11 +272,16 @@ static bool parse_async(const char *value, struct pinshim_config *cfg, char *why
     return true;
 }
 
+/* The smallest PINSHIM_MAX_REGISTRATION: the smallest page of any Linux host
+ * (the engine raises a smaller chunk to one page of the process, and rounds
+ * larger ones down to whole pages). */
+#define MAX_REGISTRATION_SMALLEST_BYTES 4096
+
 static bool parse_max_registration(const char *value, struct pinshim_config *cfg, char *why,
                                    size_t why_size)
 {
     uint64_t bytes;
-    if (!parse_byte_size(value, &bytes) || bytes < 4096) {
+    if (!parse_byte_size(value, &bytes) || bytes < MAX_REGISTRATION_SMALLEST_BYTES) {
         copy_text(why, why_size, "not a byte count of at least 4K");
         return false;
     }

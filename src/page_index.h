@@ -1,6 +1,9 @@
-/* Page index: two bitmaps over the address space at 4 KiB granularity, one
- * marking pages covered by a registration and one marking the first page of
- * each registration. It is the registry's companion index: overlap and
+/* Page index: two bitmaps over the address space in granules of 4 KiB, the
+ * smallest page Linux has, one marking the granules covered by a registration
+ * and one marking the first granule of each registration. A page of the
+ * process (4, 16 or 64 KiB: sysconf's, as the engine is given) is a whole
+ * number of granules, and registrations are whole pages, so the granules of a
+ * page are all marked or none. It is the registry's companion index: overlap and
  * containment queries walk bitmap words, so their cost follows the size of the
  * queried range, never the number of live ranges.
  *
@@ -62,7 +65,7 @@ bool page_index_find_next(const struct page_index *index, enum page_index_map ma
 /* Lock-free: whether any granule of [start, end) is used. start/end need not be aligned. */
 bool page_index_any_used(const struct page_index *index, uintptr_t start, uintptr_t end);
 /* Lock-free, inline, without a call: for a range inside one bitmap word (64
- * pages, the case of nearly every free), 1 if a granule of [start, end) is
+ * granules, 256 KiB: the case of nearly every free), 1 if a granule of [start, end) is
  * used, 0 if none is; -1 when the range is empty, spans two words or passes
  * the index's limit, for page_index_any_used to answer. Three dependent loads
  * and a mask. */

@@ -11,11 +11,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#define OUT_BUFFER_BYTES 4096 /* written out when full: a few writes per document */
+
 struct out_buffer {
     int fd;
     size_t used;
     bool failed;
-    char data[4096];
+    char data[OUT_BUFFER_BYTES];
 };
 
 static void out_flush(struct out_buffer *out)

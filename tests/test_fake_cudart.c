@@ -1062,11 +1062,16 @@ Test(fake_cuda, destroying_a_context_drops_its_registrations)
     cr_assert_eq(cuMemHostRegister_v2(fake_address(0), 4096, 0), 709);
 }
 
+/* Set once the thread's cuCtxSetCurrent has returned (its call count goes up
+ * as the call starts, before the context is looked up). */
+static int context_set;
+
 static void *register_in_destroyed_context(void *context)
 {
     intptr_t results = 0;
     CUdevice device;
     results |= (intptr_t)(cuCtxSetCurrent(context) == 0) << 0;
+    __atomic_store_n(&context_set, 1, __ATOMIC_RELEASE);
     /* ... main destroys the context, then creates another ... */
     while (fake_cuda_contexts_created() < 2) {
         struct timespec pause = {0, 1000000};
@@ -1087,7 +1092,7 @@ Test(fake_cuda, destroyed_elsewhere_is_709_here)
     cr_assert_eq(cuCtxPopCurrent_v2(&popped), 0);
     pthread_t thread;
     cr_assert_eq(pthread_create(&thread, NULL, register_in_destroyed_context, created), 0);
-    while (fake_cuda_call_count(FAKE_CU_CALL_CTX_SET_CURRENT) < 1) {
+    while (!__atomic_load_n(&context_set, __ATOMIC_ACQUIRE)) {
         struct timespec pause = {0, 1000000};
         nanosleep(&pause, NULL);
     }

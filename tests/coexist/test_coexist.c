@@ -162,6 +162,7 @@ static void run_under_valgrind(struct harness_run *run, const char *scenario,
     if (under_sanitizer())
         cr_skip_test("valgrind cannot run a sanitizer-built shim (SANITIZE=%s)",
                      harness_optional_env("SANITIZE"));
+    SKIP_BUILD_MACHINE_PROGRAM("valgrind");
     const char *valgrind = harness_optional_env("VALGRIND");
     if (valgrind == NULL)
         cr_skip_test("valgrind is not installed (Debian package valgrind)");
@@ -357,6 +358,7 @@ static const char python_program[] =
 
 Test(coexist, python_with_ctypes, .timeout = 120)
 {
+    SKIP_BUILD_MACHINE_PROGRAM("python3");
     const char *python = harness_optional_env("PYTHON3");
     if (python == NULL)
         cr_skip_test("python3 is not installed");

@@ -370,7 +370,7 @@ Test(faults, real_cudart_without_a_driver, .timeout = 60)
 {
     const char *real = harness_optional_env("REAL_CUDART");
     if (real == NULL || access(real, R_OK) != 0)
-        cr_skip_test("no CUDA Toolkit runtime here (REAL_CUDART is empty)");
+        cr_skip_test("no CUDA Toolkit runtime of this architecture here (REAL_CUDART is empty)");
     char setting[HARNESS_PATH_MAX + 32];
     snprintf(setting, sizeof(setting), "PINSHIM_CUDART=%s", real);
     expect_mlock_only(setting, "cudaError");

@@ -173,6 +173,17 @@ static struct settings settings = {
 };
 
 static uintptr_t page_size;
+/* What the kernel does, by the probes at start (probe_emulation, probe_kernel). */
+static struct {
+    bool mlock2; /* the mlock2 system call exists (qemu-user 7.2 answers ENOSYS) */
+    /* /proc/self/maps still lists the source of an MREMAP_DONTUNMAP move, which
+     * stays mapped (qemu-user 7.2 forgets it: its emulated maps drop it while
+     * the kernel keeps it, so neither the shim nor the model can follow) */
+    bool dontunmap_source_listed;
+    bool dontunmap_merges;   /* a DONTUNMAP move onto the page right below, in a locked
+                                mapping never faulted in, unlocks the pages below too */
+    bool moves_several_vmas; /* MREMAP_FIXED moves a range that spans several VMAs (6.17) */
+} kernel_does;
 static uint64_t min_bytes = 65536;
 static size_t rounding_threshold;
 static char **saved_argv;
@@ -1695,6 +1706,8 @@ static enum exec_result exec_lock(struct context *context, const struct op *op)
     if (result != 0) {
         if (op->kind == OP_MLOCK2 && (op->flags & ~(uint64_t)MLOCK_ONFAULT) && errno == EINVAL)
             return EXEC_FAILED;
+        if (op->kind == OP_MLOCK2 && op->flags != 0 && errno == EINVAL && !kernel_does.mlock2)
+            return EXEC_FAILED;
         if (errno == ENOMEM || errno == EAGAIN || errno == EPERM)
             return EXEC_FAILED; /* RLIMIT_MEMLOCK; nothing changed */
         return harness_error(context, op, "lock failed");
@@ -1754,6 +1767,12 @@ static enum exec_result exec_mmap_fixed(struct context *context, const struct op
     if (op->kind == OP_MMAP_NOREPLACE) {
         void *result = mmap((void *)address, op->length, PROT_READ | PROT_WRITE,
                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        if (result != MAP_FAILED && (uintptr_t)result != address) {
+            /* A kernel without MAP_FIXED_NOREPLACE (before 4.17, or qemu-user
+             * 7.2) took the address as a hint and mapped elsewhere. */
+            munmap(result, op->length);
+            return EXEC_FAILED;
+        }
         if (result != MAP_FAILED)
             return harness_error(context, op, "MAP_FIXED_NOREPLACE over a mapping succeeded");
         return EXEC_FAILED;
@@ -1968,6 +1987,8 @@ static enum exec_result exec_mremap(struct context *context, const struct op *op
         return EXEC_SKIPPED;
     bool fixed = mode == MREMAP_MODE_FIXED || mode == MREMAP_MODE_DONTUNMAP_FIXED;
     bool dontunmap = mode == MREMAP_MODE_DONTUNMAP || mode == MREMAP_MODE_DONTUNMAP_FIXED;
+    if (dontunmap && !kernel_does.dontunmap_source_listed)
+        return EXEC_SKIPPED;
     int flags = mode == MREMAP_MODE_IN_PLACE ? 0 : MREMAP_MAYMOVE;
     uintptr_t target = 0, unlocked_start = 0, unlocked_end = 0;
     if (fixed) {
@@ -3183,17 +3204,37 @@ static void shrink(const struct op *failing, size_t count, int failure_class)
     free(candidate);
 }
 
+/* What an emulator does otherwise than Linux, probed in every run (raw system
+ * calls, unseen by the shim). Without the mlock2 system call glibc's mlock2
+ * locks with flags 0 through mlock and fails every MLOCK_ONFAULT lock with
+ * EINVAL: such locks are then failed calls. Where /proc/self/maps loses the
+ * source of an MREMAP_DONTUNMAP move, such moves are skipped. */
+static void probe_emulation(void)
+{
+    kernel_does.mlock2 = kernel_does.dontunmap_source_listed = true;
+    long mapped = syscall(SYS_mmap, NULL, 2 * page_size, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == -1)
+        return;
+    kernel_does.mlock2 =
+        syscall(SYS_mlock2, (void *)mapped, page_size, MLOCK_ONFAULT) == 0 || errno != ENOSYS;
+    long moved = syscall(SYS_mremap, (void *)mapped, page_size, page_size,
+                         MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL);
+    if (moved != -1) {
+        pthread_mutex_lock(&vmas_mutex);
+        size_t count = read_vma_bounds();
+        kernel_does.dontunmap_source_listed = vma_containing(count, (uintptr_t)mapped) != NULL;
+        pthread_mutex_unlock(&vmas_mutex);
+        syscall(SYS_munmap, (void *)moved, page_size);
+    }
+    syscall(SYS_munmap, (void *)mapped, 2 * page_size);
+}
+
 /* What this kernel does with the layouts the plans aim at, found once before
  * any op with raw system calls (the shim does not see them) on a scratch
  * mapping that PROT_NONE guards keep apart from every other VMA. A test
  * requires the counters that only such a kernel can reach only where the
  * probe found it. */
-static struct {
-    bool dontunmap_merges;   /* a DONTUNMAP move onto the page right below, in a locked
-                                mapping never faulted in, unlocks the pages below too */
-    bool moves_several_vmas; /* MREMAP_FIXED moves a range that spans several VMAs (6.17) */
-} kernel_does;
-
 static void probe_kernel(void)
 {
     uintptr_t page = page_size;
@@ -3237,11 +3278,13 @@ static int finish_single(struct context *context, enum step_verdict verdict, siz
             print_counts(stdout, &context->counts);
             printf("summary seed=%" PRIu64 " ops=%zu checks=%" PRIu64 " register_calls=%" PRIu64
                    " unregister_calls=%" PRIu64 " layout=%s kernel_dontunmap_merges=%d"
-                   " kernel_moves_several_vmas=%d\n",
+                   " kernel_moves_several_vmas=%d kernel_mlock2=%d"
+                   " kernel_dontunmap_source_listed=%d\n",
                    settings.seed, context->op_count, context->checks,
                    fake_calls(FAKE_CALL_REGISTER), fake_calls(FAKE_CALL_UNREGISTER),
                    layout_fixed ? "fixed" : "randomised", kernel_does.dontunmap_merges,
-                   kernel_does.moves_several_vmas);
+                   kernel_does.moves_several_vmas, kernel_does.mlock2,
+                   kernel_does.dontunmap_source_listed);
         }
         printf("PASS\n");
         return EXIT_AGREE;
@@ -4000,10 +4043,11 @@ static int run_threads(void)
         print_counts(stdout, &total);
         printf("summary seed=%" PRIu64 " threads=%d ops=%zu checks=%" PRIu64
                " register_calls=%" PRIu64 " unregister_calls=%" PRIu64
-               " race_skipped_pages=%" PRIu64 " share=%d pair_rounds=%zu\n",
+               " race_skipped_pages=%" PRIu64 " share=%d pair_rounds=%zu"
+               " kernel_mlock2=%d kernel_dontunmap_source_listed=%d\n",
                settings.seed, count, ops, checks, fake_calls(FAKE_CALL_REGISTER),
-               fake_calls(FAKE_CALL_UNREGISTER), race_skipped, settings.share,
-               settings.pair_rounds);
+               fake_calls(FAKE_CALL_UNREGISTER), race_skipped, settings.share, settings.pair_rounds,
+               kernel_does.mlock2, kernel_does.dontunmap_source_listed);
     }
     printf("PASS\n");
     return EXIT_AGREE;
@@ -4168,6 +4212,7 @@ int main(int argc, char **argv)
 
     /* MODEL_RANDOM_NO_PROCMAP=1: read /proc/self/maps as on kernels before 6.11. */
     procmap_unsupported = getenv("MODEL_RANDOM_NO_PROCMAP") != NULL;
+    probe_emulation();
     if (settings.threads == 1)
         probe_kernel();
     if (settings.replay_path)

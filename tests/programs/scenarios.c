@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -347,12 +348,37 @@ static void scenario_munlockall(void)
     free(b);
 }
 
+/* Whether the kernel has the mlock2 system call: qemu-user 7.2 answers ENOSYS,
+ * and glibc's mlock2 then fails every MLOCK_ONFAULT lock with EINVAL. */
+static bool kernel_has_mlock2(void)
+{
+    void *probe = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (probe == MAP_FAILED)
+        return true;
+    bool has = syscall(SYS_mlock2, probe, page, MLOCK_ONFAULT) == 0 || errno != ENOSYS;
+    munmap(probe, page);
+    return has;
+}
+
 static void scenario_mlock2_and_mlockall(void)
 {
     char *p = aligned_buffer(MIB);
-    check_zero(mlock2(p, MIB, MLOCK_ONFAULT), "mlock2");
-    EXPECT("mlock2", U(p), U(p) + MIB);
-    check_zero(munlock(p, MIB), "munlock");
+    if (kernel_has_mlock2()) {
+        check_zero(mlock2(p, MIB, MLOCK_ONFAULT), "mlock2");
+        EXPECT("mlock2", U(p), U(p) + MIB);
+        check_zero(munlock(p, MIB), "munlock");
+    } else {
+        /* The call fails under the shim as without it, registering nothing;
+         * mlock stands in for the rest. */
+        printf("NOTE the kernel has no mlock2 system call (ENOSYS): MLOCK_ONFAULT not tested\n");
+        errno = 0;
+        if (mlock2(p, MIB, MLOCK_ONFAULT) != -1 || errno != EINVAL)
+            FAIL("mlock2 without the system call: errno %d, expected EINVAL", errno);
+        EXPECT_NONE("mlock2 that failed");
+        check_zero(mlock(p, MIB), "mlock");
+        EXPECT("mlock", U(p), U(p) + MIB);
+        check_zero(munlock(p, MIB), "munlock");
+    }
     check_zero(mlockall(MCL_CURRENT), "mlockall");
     EXPECT_NONE("mlockall registers nothing");
     check_zero(munlockall(), "munlockall");

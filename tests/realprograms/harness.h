@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "child.h"
+#include "emulation.h"
 #include "fake_log.h"
 
 #define HARNESS_PATH_MAX 1024

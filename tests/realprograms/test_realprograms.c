@@ -254,6 +254,7 @@ static void expect_same_calls(const struct pair *pair)
 
 static const char *program_or_skip(const char *variable, const char *package)
 {
+    SKIP_BUILD_MACHINE_PROGRAM(package);
     const char *path = harness_optional_env(variable);
     if (path == NULL || access(path, X_OK) != 0)
         cr_skip_test("%s is not installed (Debian package %s); scripts/deps installs it", package,
