@@ -15,14 +15,24 @@
  *                the workload's threads from their own arenas, each followed
  *                by a 16 KiB block freed once all are locked: the workload's
  *                blocks land in the holes between registered buffers
+ *   slack        10,000 locked 64 KiB posix_memalign(4096) buffers and
+ *                nothing between them: the workload's blocks land in the
+ *                alignment slack glibc leaves in front of each, in the
+ *                granule before a registered buffer
+ *   shared       10,000 locked malloc'd buffers of 64 KiB + 100 bytes (not
+ *                page-aligned), each followed by a 16 KiB block freed once
+ *                all are locked: the registrations' first and last pages are
+ *                shared with the workload's blocks, which land next to the
+ *                locked bytes, on registered pages
  * Each condition runs under callgrind with and without the shim (the fake
  * CUDA runtime registers), at two loop lengths; the difference cancels
  * set-up and exit, and the extra instructions per pair are
  * ((with_long - with_short) - (without_long - without_short)) / pairs.
  *
  * Usage:
- *   free_instructions [--check] [--json FILE]   runs every condition; with
- *       --check exits 1 when one exceeds its budget (8 with no locks, 20 with)
+ *   free_instructions [--check] [--json FILE] [--only CONDITION]   runs every
+ *       condition (or one); with --check exits 1 when one exceeds its budget
+ *       (8 with no locks, 20 with)
  *   free_instructions --child CONDITION THREADS PAIRS   one run (under callgrind)
  * Environment: PINSHIM_LIB, FAKE_CUDART (set by meson for the test). */
 #ifndef _GNU_SOURCE
@@ -90,19 +100,25 @@ __attribute__((noinline)) void free_malloc_loop(struct worker *worker)
 
 static unsigned interleaved_locked;
 
-static bool lock_interleaved(unsigned count)
+/* count locked buffers from the calling thread's arena: page-aligned ones
+ * (aligned) of LIVE_BYTES, or malloc'd ones of LIVE_BYTES + 100; each
+ * followed by a GAP_BYTES block freed once all are locked, unless gap is
+ * false. */
+static bool lock_in_arena(unsigned count, bool aligned, bool gap)
 {
     void **gaps = calloc(count, sizeof(*gaps));
     void *buffer = NULL;
     if (gaps == NULL)
         return false;
+    size_t size = aligned ? LIVE_BYTES : LIVE_BYTES + 100;
     for (unsigned i = 0; i < count; i++) {
-        if (posix_memalign(&buffer, 4096, LIVE_BYTES) != 0 ||
-            (gaps[i] = malloc(GAP_BYTES)) == NULL) {
+        if ((aligned ? posix_memalign(&buffer, 4096, size) != 0
+                     : (buffer = malloc(size)) == NULL) ||
+            (gap && (gaps[i] = malloc(GAP_BYTES)) == NULL)) {
             fprintf(stderr, "free_instructions: allocation %u failed\n", i);
             return false;
         }
-        if (mlock(buffer, LIVE_BYTES) != 0) {
+        if (mlock(buffer, size) != 0) {
             fprintf(stderr, "free_instructions: mlock: %s\n", strerror(errno));
             return false;
         }
@@ -117,8 +133,10 @@ static bool lock_interleaved(unsigned count)
 static void *worker_main(void *argument)
 {
     struct worker *worker = argument;
-    if (strcmp(condition, "interleaved") == 0 &&
-        !lock_interleaved(LIVE / (unsigned)thread_count + (worker->index < LIVE % thread_count)))
+    unsigned share = LIVE / (unsigned)thread_count + (worker->index < LIVE % thread_count);
+    bool interleaved = strcmp(condition, "interleaved") == 0,
+         slack = strcmp(condition, "slack") == 0, shared = strcmp(condition, "shared") == 0;
+    if ((interleaved || slack || shared) && !lock_in_arena(share, !shared, !slack))
         exit(3);
     for (int i = 0; i < RING; i++) {
         worker->ring[i] = malloc(16 + next(&worker->rng) % 8176);
@@ -311,14 +329,17 @@ int main(int argc, char **argv)
     if (argc == 5 && strcmp(argv[1], "--child") == 0)
         return child(argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 10));
     bool check = false;
-    const char *json_path = NULL;
+    const char *json_path = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--check") == 0)
             check = true;
         else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
             json_path = argv[++i];
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
         else {
-            fprintf(stderr, "usage: free_instructions [--check] [--json FILE]\n");
+            fprintf(stderr,
+                    "usage: free_instructions [--check] [--json FILE] [--only CONDITION]\n");
             return 2;
         }
     }
@@ -326,7 +347,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "free_instructions: PINSHIM_LIB and FAKE_CUDART must be set\n");
         return 2;
     }
-    static const char *const conditions[] = {"none", "below", "above", "interleaved"};
+    static const char *const conditions[] = {"none",        "below", "above",
+                                             "interleaved", "slack", "shared"};
     FILE *json = json_path != NULL ? fopen(json_path, "w") : NULL;
     if (json != NULL)
         fprintf(json, "{\"tool\": \"callgrind\", \"pairs\": [%d, %d], \"results\": [", SHORT_PAIRS,
@@ -335,10 +357,13 @@ int main(int argc, char **argv)
            LONG_PAIRS, SHORT_PAIRS);
     printf("%-12s %7s %8s %12s %12s %7s %7s\n", "condition", "threads", "locked", "without/pair",
            "with/pair", "extra", "budget");
-    int over = 0, failed = 0;
+    int over = 0, failed = 0, runs = 0;
     bool first = true;
     for (size_t c = 0; c < sizeof(conditions) / sizeof(*conditions); c++) {
+        if (only != NULL && strcmp(only, conditions[c]) != 0)
+            continue;
         for (int threads = 1; threads <= MAX_THREADS; threads++) {
+            runs++;
             unsigned locked = 0, ignored = 0;
             double without_short = count(conditions[c], threads, SHORT_PAIRS, false, &ignored);
             double without_long = count(conditions[c], threads, LONG_PAIRS, false, &ignored);
@@ -372,6 +397,6 @@ int main(int argc, char **argv)
         fprintf(json, "\n]}\n");
         fclose(json);
     }
-    printf("%d within budget, %d over, %d failed\n", 8 - over - failed, over, failed);
+    printf("%d within budget, %d over, %d failed\n", runs - over - failed, over, failed);
     return check && (over != 0 || failed != 0) ? 1 : 0;
 }
