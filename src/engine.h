@@ -181,20 +181,26 @@ enum engine_failure_rule {
  * "ptr - 1 >= gate", clears a NULL pointer, every block when nothing is
  * registered, and every block above all records. Then, for blocks that start
  * inside the window (the aligned 64 GiB region of the first record), one
- * entry per 4 KiB granule tells how far the next granule a record covers is:
- * (255 - min(255, distance in granules)) * 4096, so 255 * 4096 is "covered"
- * and 0 (the kernel's zero pages: untouched) is "none within 255 granules".
- * A block that starts at offset o in the window, its granule's entry e, and
- * whose last byte is at o + n touches no record when
- * (o mod 4096) + n + e < 255 * 4096: one add from memory, whatever the
- * block's size (the entries are in bytes, and 64 bits wide, so that the sum
- * needs no shift and no widening). The map runs 256 granules past the
- * window's end, so a block starting near the end sees the records just after
- * it. window_size is 0 until block sizes may be read from glibc's chunk
- * headers (engine_enable_window), or when the map could not be mapped.
+ * entry per 4 KiB granule tells how far, in bytes from the granule's start,
+ * the first byte in danger is (a byte a record's lock asked for, within the
+ * record's pages: a block that holds one makes its free release pages), as
+ * LIMIT - min(LIMIT, distance) with LIMIT = ENGINE_WINDOW_LIMIT: LIMIT is
+ * "in danger at the granule's first byte" and 0 (the kernel's zero pages:
+ * untouched) "none within LIMIT bytes". A block that starts at offset o in
+ * the window, its granule's entry e, and whose last byte is at o + n holds
+ * no byte in danger when (o mod 4096) + n + e < LIMIT: one add from memory,
+ * whatever the block's size (the entries are in bytes, and 64 bits wide, so
+ * that the sum needs no shift and no widening). A granule where danger
+ * covers the first byte and ends inside it (a lock's last, partial page)
+ * keeps that end and the next danger in the entry (ENGINE_WINDOW_AFTER_SHIFT),
+ * which fails the add; a second look (in engine_block_clear_fast too) then clears
+ * the blocks that start after it. The map runs 256 granules past the window's end, so a
+ * block starting near the end sees the records just after it. window_size
+ * is 0 until block sizes may be read from glibc's chunk headers
+ * (engine_enable_window), or when the map could not be mapped.
  * window_before (the window's first byte, less one: the fast path subtracts
  * it from the "ptr - 1" the gate compare made), window_size and window are
- * written once. */
+ * written once, before a reader can see a record. */
 struct engine_free_view {
     uintptr_t gate;
     uintptr_t window_before;
@@ -207,6 +213,18 @@ struct engine_free_view {
 
 #define ENGINE_WINDOW_BYTES ((uintptr_t)64 << 30)
 #define ENGINE_WINDOW_REACH 255 /* granules an entry of the map looks ahead */
+#define ENGINE_WINDOW_LIMIT ((uintptr_t)ENGINE_WINDOW_REACH << PAGE_INDEX_GRANULE_SHIFT)
+/* An entry for a granule where danger covers the first byte and ends at b
+ * inside it: (next << ENGINE_WINDOW_AFTER_SHIFT) | b, next the distance from
+ * the granule's start to the next danger after b. It is above every plain
+ * entry, so the one-add check fails; the second look reads b from the low
+ * half and next from the high half, and a plain entry (high half 0) fails
+ * it. */
+#define ENGINE_WINDOW_AFTER_SHIFT 32
+static inline uint64_t engine_window_after_entry(uintptr_t b, uintptr_t next)
+{
+    return ((uint64_t)next << ENGINE_WINDOW_AFTER_SHIFT) | b;
+}
 #define ENGINE_WINDOW_ENTRIES                                                                      \
     ((ENGINE_WINDOW_BYTES >> PAGE_INDEX_GRANULE_SHIFT) + ENGINE_WINDOW_REACH + 1)
 #define ENGINE_WINDOW_MAP_BYTES (ENGINE_WINDOW_ENTRIES * sizeof(uint64_t))
@@ -336,9 +354,15 @@ static inline bool engine_block_clear_fast(const struct engine *engine, uintptr_
     const struct engine_free_view *view = &engine->free_view;
     uintptr_t offset = before - view->window_before;
     if (offset < view->window_size) {
-        uintptr_t reach = (offset & (PAGE_INDEX_GRANULE - 1)) + ((const size_t *)ptr)[-1] - 9 +
-                          view->window[offset >> PAGE_INDEX_GRANULE_SHIFT];
-        return reach < ((uintptr_t)ENGINE_WINDOW_REACH << PAGE_INDEX_GRANULE_SHIFT);
+        uint64_t entry = view->window[offset >> PAGE_INDEX_GRANULE_SHIFT];
+        uintptr_t in_granule = offset & (PAGE_INDEX_GRANULE - 1);
+        uintptr_t last = in_granule + ((const size_t *)ptr)[-1] - 9;
+        if (__builtin_expect(last + entry < ENGINE_WINDOW_LIMIT, 1))
+            return true;
+        /* A lock's last, partial granule: clear from the lock's end on, up
+         * to the next danger (see ENGINE_WINDOW_AFTER_SHIFT). */
+        return last < (uintptr_t)(entry >> ENGINE_WINDOW_AFTER_SHIFT) &&
+               (uint32_t)in_granule >= (uint32_t)entry;
     }
     /* Below every record (below is 0 unless headers may be read). */
     uintptr_t below = __atomic_load_n(&view->below, __ATOMIC_RELAXED);

@@ -132,6 +132,10 @@ struct range_record *engine_isolate_locked(struct engine *engine, uintptr_t base
 struct engine_waiting *engine_waiting_pop_locked(struct engine_waiting **head,
                                                  struct engine_waiting **tail);
 
+/* Recomputes the free window's map over [start, end) and what looks ahead
+ * into it: after a record's lock bytes changed in place. */
+void engine_window_refresh_locked(struct engine *engine, uintptr_t start, uintptr_t end);
+
 /* ---- claims and operations (engine_claims.c) ---- */
 
 bool engine_ranges_overlap(uintptr_t a_start, uintptr_t a_end, uintptr_t b_start, uintptr_t b_end);

@@ -63,6 +63,7 @@ static bool hand_over_locked(struct engine *engine, uintptr_t start, size_t leng
     record->program_locked = 1;
     record->lock_start = start;
     record->lock_end = start + length;
+    engine_window_refresh_locked(engine, pages_start, pages_end);
     struct pinshim_counters *counters = &engine->counters;
     counters->live_ranges--;
     counters->live_bytes -= pages_end - pages_start;
@@ -194,6 +195,7 @@ static bool keep_locked(struct engine *engine, uintptr_t start)
     record->program_locked = 0;
     record->lock_start = start;
     record->lock_end = end;
+    engine_window_refresh_locked(engine, start, end);
     struct pinshim_counters *counters = &engine->counters;
     counters->live_ranges++;
     counters->live_bytes += end - start;

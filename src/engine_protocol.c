@@ -522,6 +522,35 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
 
 /* Releases every record overlapping request's pages (for a block: as the
  * block rule says). The op's claim covers them and the records around. */
+/* Whether another lock still needs page q of the record at base (a page the
+ * free of a block would release): the neighbouring records hold the locks
+ * made after this record covered the page, and one of them locked bytes of
+ * q outside the freed block. free does not unlock, so such a page stays
+ * locked, and registered. *needed_by gets that lock's bytes. */
+static bool another_lock_needs_page_locked(struct engine *engine, const struct range_record *record,
+                                           uintptr_t q, const struct release_request *request,
+                                           uintptr_t needed_by[2])
+{
+    uintptr_t q_end = q + engine->options.page_size;
+    const struct range_record *neighbours[2] = {
+        record->base > 0 ? range_registry_containing(&engine->registry, record->base - 1) : NULL,
+        range_registry_containing(&engine->registry, record->end)};
+    for (int i = 0; i < 2; i++) {
+        const struct range_record *other = neighbours[i];
+        if (other == NULL || other->state == RANGE_PROGRAM)
+            continue;
+        uintptr_t from = engine_max_address(other->lock_start, q);
+        uintptr_t to = engine_min_address(other->lock_end, q_end);
+        /* Locked bytes of q that the freed block does not hold. */
+        if (from < to && (from < request->block_start || to > request->block_end)) {
+            needed_by[0] = other->lock_start;
+            needed_by[1] = other->lock_end;
+            return true;
+        }
+    }
+    return false;
+}
+
 void engine_release_locked(struct engine_op *op, const struct release_request *request)
 {
     struct engine *engine = op->engine;
@@ -562,7 +591,36 @@ void engine_release_locked(struct engine_op *op, const struct release_request *r
             if (start >= end)
                 continue;
         }
-        release_part_locked(op, base, start, end, request);
+        /* The block's own lock: every page it touches goes, but for a first
+         * or last page that a neighbour's lock still needs. That page stays,
+         * now the neighbour's (its lock bytes, for the frees to come). */
+        uintptr_t kept[2] = {0, 0}, kept_lock[2][2];
+        if (request->block && start < end &&
+            another_lock_needs_page_locked(engine, record, start, request, kept_lock[0])) {
+            kept[0] = start;
+            start += page;
+        }
+        if (request->block && start < end &&
+            another_lock_needs_page_locked(engine, record, end - page, request, kept_lock[1])) {
+            kept[1] = end - page;
+            end -= page;
+        }
+        if (start < end)
+            release_part_locked(op, base, start, end, request);
+        for (int i = 0; i < 2; i++) {
+            /* The kept page is now a registration of its own (the rest of
+             * the record was registered again around the released pages),
+             * unless registering it failed; then it takes the neighbour's
+             * lock bytes. A kept page inside a larger rest (the block was
+             * one of several in the record's lock) keeps the record's. */
+            struct range_record *part =
+                kept[i] != 0 ? range_registry_containing(&engine->registry, kept[i]) : NULL;
+            if (part != NULL && part->base == kept[i] && part->end == kept[i] + page) {
+                part->lock_start = kept_lock[i][0];
+                part->lock_end = kept_lock[i][1];
+                engine_window_refresh_locked(engine, kept[i], kept[i] + page);
+            }
+        }
     }
 }
 

@@ -17,27 +17,96 @@ static void publish_record_count(struct engine *engine)
         __atomic_store_n(engine->gate, 0, __ATOMIC_RELAXED);
 }
 
-/* The window's map (see struct engine_free_view): granules [first, last) of
- * it become covered (mark), or not (unmark), and the distances before them
- * follow. Values here are in granules (0..255); the map keeps them in bytes.
- * Only this thread writes the map (under the mutex); a reader may see a mix
- * of old and new entries, each a distance that held before or holds after,
- * so it never clears a block that overlaps a record that stays. */
-static void window_store(uint64_t *map, uintptr_t at, unsigned value)
+/* ---- the free window's map (see struct engine_free_view) ----
+ *
+ * A block is in danger when its free would release registered pages. By the
+ * free rule (engine_release_block) a record loses pages to a freed block
+ * when the block holds bytes its lock asked for (then every page the block
+ * touches), or holds one of its pages whole. Every page of a record holds
+ * bytes of its lock (records are made for the uncovered pages of the lock's
+ * own pages), so a block that holds a whole page holds lock bytes too: a
+ * block is in danger exactly when it overlaps some record's lock bytes
+ * within that record's pages (record_danger). The map gives, for each 4 KiB
+ * granule g, the distance D in bytes from g's start to the first byte in
+ * danger at or after it (capped at ENGINE_WINDOW_LIMIT), as
+ * ENGINE_WINDOW_LIMIT - D; free adds it to the block's offset in g and its
+ * length and compares with the limit. Where danger covers g's start and
+ * ends inside g (a lock's last, partial page, whose other bytes hold the
+ * next blocks), the entry keeps that end b and the distance to the next
+ * danger after it instead (engine_window_after_entry): the one-add check
+ * fails there, and a second look clears a block that starts at or after b
+ * and ends before that next danger.
+ *
+ * Only a thread holding the engine's mutex writes the map, with relaxed
+ * atomic stores of whole entries, each computed from the registry as it is
+ * now; readers load entries without synchronisation. A reader may see a mix
+ * of entries from before and after a change, each of which held at some
+ * moment: the danger a change adds is that of memory being locked (a free
+ * of it races the program's own lock), and what a change removes was being
+ * released by the operation making it. */
+
+struct danger {
+    uintptr_t start, end; /* end 0: none */
+};
+
+/* The bytes of a record's lock inside its own pages. */
+static struct danger record_danger(const struct range_record *record)
 {
-    __atomic_store_n(&map[at], (uint64_t)value << PAGE_INDEX_GRANULE_SHIFT, __ATOMIC_RELAXED);
+    uintptr_t start = engine_max_address(record->lock_start, record->base);
+    uintptr_t end = engine_min_address(record->lock_end, record->end);
+    return start < end ? (struct danger){start, end} : (struct danger){0, 0};
 }
 
-static unsigned window_value(const uint64_t *map, uintptr_t at)
+/* The first danger that ends after from (it may start before), among the
+ * records below limit; end 0 when there is none. */
+static struct danger next_danger(struct engine *engine, uintptr_t from, uintptr_t limit)
 {
-    return (unsigned)(map[at] >> PAGE_INDEX_GRANULE_SHIFT);
+    uintptr_t cursor = from;
+    while (cursor < limit) {
+        struct range_record *record =
+            range_registry_first_overlap(&engine->registry, cursor, limit);
+        if (record == NULL)
+            break;
+        struct danger danger = record_danger(record);
+        if (danger.end > from)
+            return danger;
+        cursor = record->end;
+    }
+    return (struct danger){0, 0};
 }
 
-static void window_update(struct engine *engine, uintptr_t start, uintptr_t end, bool cover)
+/* The entry of the granule at granule, given danger, the first danger that
+ * ends after it (end 0: none before limit). */
+static uint64_t window_entry(struct engine *engine, uintptr_t granule, struct danger danger,
+                             uintptr_t limit)
+{
+    uintptr_t reach = ENGINE_WINDOW_LIMIT;
+    if (danger.end == 0 || danger.start >= granule + reach)
+        return 0; /* nothing within reach */
+    if (danger.start > granule)
+        return reach - (danger.start - granule);
+    if (danger.end >= granule + PAGE_INDEX_GRANULE)
+        return reach; /* in danger from its first byte to its last */
+    /* Danger ends at b inside the granule: blocks from b on are clear up to
+     * the next danger. */
+    struct danger after = next_danger(engine, danger.end, limit);
+    uintptr_t next =
+        after.end == 0 || after.start >= granule + reach ? reach : after.start - granule;
+    uintptr_t b = danger.end - granule;
+    return next > b ? engine_window_after_entry(b, next) : reach;
+}
+
+/* Recomputes the entries that a change of danger in [start, end) (a record
+ * inserted or removed there, or its lock bytes changed) can change: those of
+ * [start, end) from the registry, then those before start that looked ahead
+ * into it, from the nearest down, until one that sees a danger of its own
+ * first (the entries further down see it too: unchanged). */
+static void window_refresh_locked(struct engine *engine, uintptr_t start, uintptr_t end)
 {
     uint64_t *map = engine->window_entries;
     uintptr_t base = engine->free_view.window_before + 1;
     uintptr_t granules = ENGINE_WINDOW_ENTRIES;
+    uintptr_t reach = ENGINE_WINDOW_LIMIT;
     if (map == NULL || end <= base)
         return;
     uintptr_t first = start > base ? (start - base) >> PAGE_INDEX_GRANULE_SHIFT : 0;
@@ -46,32 +115,49 @@ static void window_update(struct engine *engine, uintptr_t start, uintptr_t end,
         return;
     if (last > granules)
         last = granules;
-    uintptr_t reach_start = first > ENGINE_WINDOW_REACH ? first - ENGINE_WINDOW_REACH : 0;
-    if (cover) {
-        for (uintptr_t at = first; at < last; at++)
-            window_store(map, at, ENGINE_WINDOW_REACH);
-        for (uintptr_t at = first; at-- > reach_start;) {
-            unsigned value = ENGINE_WINDOW_REACH - (unsigned)(first - at);
-            if (window_value(map, at) >= value)
-                break; /* nearer coverage already, from here on down */
-            window_store(map, at, value);
+    uintptr_t limit = base + (last << PAGE_INDEX_GRANULE_SHIFT) + reach;
+    struct danger danger = {0, 0};
+    bool none_left = false; /* no danger from here to limit */
+    for (uintptr_t at = first; at < last; at++) {
+        uintptr_t granule = base + (at << PAGE_INDEX_GRANULE_SHIFT);
+        if (!none_left && danger.end <= granule) {
+            danger = next_danger(engine, granule, limit);
+            none_left = danger.end == 0;
         }
-        return;
+        __atomic_store_n(&map[at], window_entry(engine, granule, danger, limit), __ATOMIC_RELAXED);
     }
-    /* Uncovered: each entry from last - 1 down follows from the next one; the
-     * granules before first keep their own coverage. */
-    unsigned next = last < granules ? window_value(map, last) : 0;
-    for (uintptr_t at = last; at-- > reach_start;) {
-        unsigned value;
-        if (at < first && window_value(map, at) == ENGINE_WINDOW_REACH)
-            value = ENGINE_WINDOW_REACH;
-        else
-            value = next > 0 ? next - 1 : 0;
-        if (at < first && window_value(map, at) == value)
-            break; /* unchanged here: unchanged further down */
-        window_store(map, at, value);
-        next = value;
+    /* Before start: each entry that saw nothing nearer than [start, end)
+     * now sees the first danger at or after start. */
+    uintptr_t from = base + (first << PAGE_INDEX_GRANULE_SHIFT);
+    struct danger ahead = next_danger(engine, from, from + reach);
+    for (uintptr_t at = first;
+         at-- > 0 && from - (base + (at << PAGE_INDEX_GRANULE_SHIFT)) < reach;) {
+        uintptr_t granule = base + (at << PAGE_INDEX_GRANULE_SHIFT);
+        uint64_t entry = __atomic_load_n(&map[at], __ATOMIC_RELAXED);
+        uintptr_t next =
+            ahead.end == 0 || ahead.start >= granule + reach ? reach : ahead.start - granule;
+        uintptr_t after = (uintptr_t)(uint32_t)entry;
+        if (entry >> ENGINE_WINDOW_AFTER_SHIFT != 0) {
+            /* A danger covers this granule's start and ends inside it: what
+             * it sees next may be in [start, end); the ones below see the
+             * danger here first. */
+            uintptr_t seen = (uintptr_t)(entry >> ENGINE_WINDOW_AFTER_SHIFT);
+            if (granule + seen >= from)
+                __atomic_store_n(&map[at],
+                                 next > after ? engine_window_after_entry(after, next) : reach,
+                                 __ATOMIC_RELAXED);
+            break;
+        }
+        uintptr_t seen = reach - (uintptr_t)entry; /* distance to what it sees first */
+        if (seen < reach && granule + seen < from)
+            break; /* a danger of its own, before start */
+        __atomic_store_n(&map[at], reach - next, __ATOMIC_RELAXED);
     }
+}
+
+void engine_window_refresh_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    window_refresh_locked(engine, start, end);
 }
 
 /* The window goes where the first record is, once; a failed mapping leaves
@@ -193,7 +279,7 @@ struct range_record *engine_insert_record_locked(struct engine *engine,
     if (stored == NULL)
         return NULL;
     window_place(engine, record->base);
-    window_update(engine, record->base, record->end, true);
+    window_refresh_locked(engine, record->base, record->end);
     publish_record_count(engine);
     __atomic_store_n(engine->gate, engine->span_end - 1, __ATOMIC_RELAXED);
     engine_account_state_locked(engine, stored, 1);
@@ -206,8 +292,9 @@ void engine_remove_record_locked(struct engine *engine, uintptr_t base)
     if (record == NULL)
         return;
     engine_account_state_locked(engine, record, -1);
-    window_update(engine, record->base, record->end, false);
+    uintptr_t end = record->end;
     range_registry_remove(&engine->registry, base);
+    window_refresh_locked(engine, base, end);
     publish_record_count(engine);
 }
 

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -92,6 +93,11 @@ static void *next_symbol(const char *name)
 static void resolve_once_body(void)
 {
     resolving++;
+    /* The page size, for the calls that look at it before the shim's set-up
+     * (munmap, mremap, mprotect): the kernel's, from the auxiliary vector. */
+    long page = sysconf(_SC_PAGESIZE);
+    if (page > 0)
+        runtime_page_size = (uintptr_t)page;
     real.realloc = (realloc_fn)next_symbol("realloc");
     real.reallocarray = (reallocarray_fn)next_symbol("reallocarray");
     real.posix_memalign = (posix_memalign_fn)next_symbol("posix_memalign");
@@ -331,7 +337,13 @@ PINSHIM_EXPORT void *reallocarray(void *ptr, size_t nmemb, size_t size)
     return realloc_common(ptr, nmemb, size, true);
 }
 
-PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
+/* posix_memalign's rare paths, out of line so that its common one keeps no
+ * stack frame: while the real functions are being resolved, and for
+ * buffers large enough to be locked, which get whole pages so a later lock
+ * shares no page with a neighbour (invalid alignments pass unchanged so the
+ * real call rejects them). */
+__attribute__((noinline)) static int posix_memalign_rare(void **memptr, size_t alignment,
+                                                         size_t size)
 {
     ensure_resolved();
     if (resolving || real.posix_memalign == NULL) {
@@ -341,19 +353,65 @@ PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
         *memptr = memory;
         return 0;
     }
-    if (size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD || runtime_guarded())
-        return real.posix_memalign(memptr, alignment, size);
-    /* Large buffers get whole pages so a later lock shares no page with a
-     * neighbour. Invalid alignments pass unchanged so the real call rejects them. */
-    bool valid_alignment =
-        alignment != 0 && (alignment & (alignment - 1)) == 0 && alignment % sizeof(void *) == 0;
-    if (valid_alignment && size >= runtime_rounding_threshold()) {
-        size_t page = runtime_page_size;
-        size_t rounded = (size + page - 1) & ~(page - 1);
-        if (rounded >= size)
-            return real.posix_memalign(memptr, alignment < page ? page : alignment, rounded);
+    if (size >= RUNTIME_SMALLEST_ROUNDING_THRESHOLD && !runtime_guarded()) {
+        size_t threshold = runtime_rounding_threshold(); /* initialises: the page size */
+        block_extent_round_to_pages(runtime_page_size, threshold, &alignment, &size);
     }
     return real.posix_memalign(memptr, alignment, size);
+}
+
+PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
+{
+    /* Small blocks (PyTorch's CPU tensors, 64-byte aligned) go straight to
+     * the allocator: one load, two compares, a tail call. The pointer is
+     * written once, by the resolution (resolve_once_body), and is glibc's
+     * own from then on, safe to call while the rest is being resolved. */
+    posix_memalign_fn next = __atomic_load_n(&real.posix_memalign, __ATOMIC_RELAXED);
+    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD && next != NULL, 1))
+        return next(memptr, alignment, size);
+    return posix_memalign_rare(memptr, alignment, size);
+}
+
+struct block_extent_check {
+    enum block_extent_source source;
+};
+
+static void *block_extent_check_thread(void *argument)
+{
+    struct block_extent_check *check = argument;
+    struct block_extent_allocator allocator = {
+        .malloc = malloc,
+        .posix_memalign = real.posix_memalign,
+        .free = real.free,
+        .usable_size = real.malloc_usable_size,
+    };
+    runtime_guard_enter();
+    check->source = block_extent_choose(&allocator);
+    runtime_guard_leave();
+    return NULL;
+}
+
+/* The checks allocate and free blocks of many sizes: on the locking thread
+ * they would leave cached chunks and a taller heap in the program's own
+ * arena, and change where its next blocks go. A short-lived thread of their
+ * own (all signals blocked) gets an arena of its own for them; where no
+ * thread can be started, they run here. */
+static enum block_extent_source choose_on_a_thread_of_its_own(void)
+{
+    struct block_extent_check check = {BLOCK_EXTENT_ALLOCATOR_CALL};
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_t thread;
+    runtime_guard_enter();
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    int error = pthread_create(&thread, NULL, block_extent_check_thread, &check);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    if (error == 0)
+        pthread_join(thread, NULL);
+    runtime_guard_leave();
+    if (error != 0)
+        block_extent_check_thread(&check);
+    return check.source;
 }
 
 /* Picks where free learns a block's end. Only blocks that may hold a
@@ -378,15 +436,7 @@ static void choose_block_extent_source(void)
                                                            : "the allocator is not resolved");
         return;
     }
-    struct block_extent_allocator allocator = {
-        .malloc = malloc,
-        .posix_memalign = real.posix_memalign,
-        .free = real.free,
-        .usable_size = real.malloc_usable_size,
-    };
-    runtime_guard_enter();
-    enum block_extent_source source = block_extent_choose(&allocator);
-    runtime_guard_leave();
+    enum block_extent_source source = choose_on_a_thread_of_its_own();
     __atomic_store_n(&runtime_block_extent_source, (int)source, __ATOMIC_RELAXED);
     if (source == BLOCK_EXTENT_GLIBC_HEADER)
         engine_enable_window(&runtime_engine);

@@ -42,6 +42,9 @@ __thread int runtime_guard_depth __attribute__((tls_model("initial-exec")));
 struct engine runtime_engine;
 uintptr_t runtime_free_gate;
 struct pinshim_config runtime_config;
+/* Until the set-up reads the kernel's (sysconf), the smallest page any Linux
+ * host has: a check made with it errs towards "not page-aligned", which
+ * passes the call through. */
 uintptr_t runtime_page_size = 4096;
 #ifndef MCL_ONFAULT
 #define MCL_ONFAULT 4
