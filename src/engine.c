@@ -2,6 +2,7 @@
  * engine_protocol.c; engine_internal.h lists the rooms). */
 #include "engine_internal.h"
 
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 
@@ -16,6 +17,7 @@ bool engine_init(struct engine *engine, const struct engine_backend *backend,
     pthread_cond_init(&engine->changed, &attributes);
     pthread_condattr_destroy(&attributes);
     engine->backend = backend;
+    engine->statistics = &engine->own_statistics;
     engine->gate = &engine->free_view.gate;
     engine->options = *options;
     if (engine->options.page_size < PAGE_INDEX_GRANULE)
@@ -73,13 +75,44 @@ void engine_reset_after_fork(struct engine *engine)
     }
 }
 
+/* The fields counted outside the lock, by relaxed atomics: contiguous, from
+ * skipped_small to skipped_onfault_pages. */
+#define RELAXED_FIRST offsetof(struct engine_statistics, skipped_small)
+#define RELAXED_END offsetof(struct engine_statistics, read_only_registrations)
+_Static_assert(offsetof(struct engine_statistics, skipped_onfault_pages) + sizeof(uint64_t) ==
+                   RELAXED_END,
+               "the relaxed counters run from skipped_small to skipped_onfault_pages");
+
+void engine_statistics_move_to(struct engine *engine, struct engine_statistics *place)
+{
+    pthread_mutex_lock(&engine->mutex);
+    struct engine_statistics *old = engine->statistics;
+    if (old == place) {
+        pthread_mutex_unlock(&engine->mutex);
+        return;
+    }
+    /* What the mutex guards is copied; the relaxed counters are taken over
+     * after the switch, so that counts racing it are carried over too. */
+    memcpy(place, old, RELAXED_FIRST);
+    memcpy((char *)place + RELAXED_END, (const char *)old + RELAXED_END,
+           sizeof(*place) - RELAXED_END);
+    memset((char *)place + RELAXED_FIRST, 0, RELAXED_END - RELAXED_FIRST);
+    __atomic_store_n(&engine->statistics, place, __ATOMIC_RELEASE);
+    for (size_t offset = RELAXED_FIRST; offset < RELAXED_END; offset += sizeof(uint64_t)) {
+        uint64_t moved =
+            __atomic_exchange_n((uint64_t *)((char *)old + offset), 0, __ATOMIC_RELAXED);
+        __atomic_fetch_add((uint64_t *)((char *)place + offset), moved, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&engine->mutex);
+}
+
 /* ---- exit and queries ---- */
 
 /* What the statistics report as "at exit": what is live, pending and queued. */
 static void record_exit_counts_locked(struct engine *engine)
 {
-    engine->live_ranges_at_exit = engine->counters.live_ranges;
-    engine->live_bytes_at_exit = engine->counters.live_bytes;
+    engine->live_ranges_at_exit = engine_stats(engine)->counters.live_ranges;
+    engine->live_bytes_at_exit = engine_stats(engine)->counters.live_bytes;
     engine->pending_ranges_at_exit = engine->pending_ranges;
     engine->pending_bytes_at_exit = engine->pending_bytes;
     engine->queued_ranges_at_exit = engine->queued_ranges;
@@ -146,16 +179,17 @@ bool engine_is_registered(struct engine *engine, uintptr_t addr)
 void engine_get_counters(struct engine *engine, struct pinshim_counters *out)
 {
     pthread_mutex_lock(&engine->mutex);
-    *out = engine->counters;
-    out->program_registrations = engine->program_registrations;
+    *out = engine_stats(engine)->counters;
+    out->program_registrations = engine_stats(engine)->program_registrations;
     out->pending_ranges = engine->pending_ranges;
     out->pending_bytes = engine->pending_bytes;
     out->queued_ranges = engine->queued_ranges;
     pthread_mutex_unlock(&engine->mutex);
-    out->register_skipped_small = __atomic_load_n(&engine->skipped_small, __ATOMIC_RELAXED);
-    out->mlockall_calls = __atomic_load_n(&engine->mlockall_calls, __ATOMIC_RELAXED);
-    out->lock_calls = __atomic_load_n(&engine->lock_calls, __ATOMIC_RELAXED);
-    out->unlock_calls = __atomic_load_n(&engine->unlock_calls, __ATOMIC_RELAXED);
+    out->register_skipped_small =
+        __atomic_load_n(&engine_stats(engine)->skipped_small, __ATOMIC_RELAXED);
+    out->mlockall_calls = __atomic_load_n(&engine_stats(engine)->mlockall_calls, __ATOMIC_RELAXED);
+    out->lock_calls = __atomic_load_n(&engine_stats(engine)->lock_calls, __ATOMIC_RELAXED);
+    out->unlock_calls = __atomic_load_n(&engine_stats(engine)->unlock_calls, __ATOMIC_RELAXED);
 }
 
 size_t engine_get_errors(struct engine *engine, struct engine_error_count *out, size_t max)
@@ -163,8 +197,8 @@ size_t engine_get_errors(struct engine *engine, struct engine_error_count *out, 
     size_t n = 0;
     pthread_mutex_lock(&engine->mutex);
     for (size_t i = 0; i < ENGINE_ERROR_SLOTS && n < max; i++)
-        if (engine->errors[i].count != 0)
-            out[n++] = engine->errors[i];
+        if (engine_stats(engine)->errors[i].count != 0)
+            out[n++] = engine_stats(engine)->errors[i];
     pthread_mutex_unlock(&engine->mutex);
     return n;
 }
@@ -174,7 +208,7 @@ size_t engine_get_devices(struct engine *engine, struct engine_device_counts *ou
     size_t used = 0;
     pthread_mutex_lock(&engine->mutex);
     for (size_t i = 0; i < ENGINE_MAX_DEVICES && i < max; i++) {
-        out[i] = engine->devices[i];
+        out[i] = engine_stats(engine)->devices[i];
         if (out[i].registrations != 0)
             used = i + 1;
     }
@@ -185,7 +219,7 @@ size_t engine_get_devices(struct engine *engine, struct engine_device_counts *ou
 uint64_t engine_live_bytes(struct engine *engine)
 {
     pthread_mutex_lock(&engine->mutex);
-    uint64_t bytes = engine->counters.live_bytes;
+    uint64_t bytes = engine_stats(engine)->counters.live_bytes;
     pthread_mutex_unlock(&engine->mutex);
     return bytes;
 }

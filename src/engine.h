@@ -233,9 +233,12 @@ static inline uint64_t engine_window_after_entry(uintptr_t b, uintptr_t next)
 #define ENGINE_CLAIMS 64
 #define ENGINE_MAX_DEVICES 64
 
+#define ENGINE_ERROR_NAME_BYTES 40
+
 struct engine_error_count {
     int code;
     uint64_t count;
+    char name[ENGINE_ERROR_NAME_BYTES]; /* the backend's name for code, cut to fit */
 };
 
 /* Pages claimed by one running operation: up to two ranges. */
@@ -246,6 +249,43 @@ struct engine_claim {
 
 struct engine_device_counts {
     uint64_t registrations, bytes;
+};
+
+/* Everything the engine counts, in one block so that it can live in a file
+ * mapped shared (live_record.h) as well as in the engine: the counters move
+ * there at a process's first lock and a killed process leaves them behind.
+ * Fields are updated in place, under the engine's mutex unless said; the
+ * live record's field table (live_record.c) names each for readers. */
+struct engine_statistics {
+    struct pinshim_counters counters; /* guarded by mutex; pending/queued mirror the engine's */
+    /* Bumped with relaxed atomics outside the lock, merged by engine_get_counters. */
+    uint64_t skipped_small, lock_calls, unlock_calls, mlockall_calls;
+    uint64_t skipped_disabled;      /* locks not registered: registration off in this process */
+    uint64_t skipped_cuda_library;  /* locks made by the CUDA driver or a runtime itself */
+    uint64_t skipped_address;       /* locks above the indexed address space */
+    uint64_t skipped_onfault_pages; /* MLOCK_ONFAULT pages not resident, not registered */
+    /* Registrations split by mapping: pieces registered READ_ONLY, pieces
+     * left unregistered by kind (and read-only pieces on a device that takes
+     * no READ_ONLY), ranges registered piece by piece. */
+    uint64_t read_only_registrations;
+    uint64_t skipped_pieces[ENGINE_MAPPING_KIND_COUNT];
+    uint64_t skipped_read_only_unsupported;
+    uint64_t registered_by_pieces;
+    uint64_t exit_unloading; /* exit unregistrations answered "runtime/driver unloading" */
+    uint64_t deferred_total, deferred_registered; /* ranges that waited for a context */
+    uint64_t cancelled_queued, dropped_pending;   /* released before they were registered */
+    uint64_t gone_with_context; /* unregistrations that found the registration gone (713) */
+    uint64_t program_registrations, program_unregistrations, program_took_back;
+    /* The program's cudaHostRegister of pages the shim held registered just
+     * so: the registration became the program's, without a CUDA call; its
+     * cudaHostUnregister of pages still locked: the shim kept the
+     * registration, without a call. */
+    uint64_t program_handed_over, program_kept;
+    uint64_t wait_nanoseconds;       /* time program threads spent in backend calls */
+    uint64_t background_nanoseconds; /* time the registration thread spent in them */
+    uint64_t last_change_ns;         /* CLOCK_REALTIME(_COARSE) of the last change of state */
+    struct engine_device_counts devices[ENGINE_MAX_DEVICES];
+    struct engine_error_count errors[ENGINE_ERROR_SLOTS];
 };
 
 struct engine {
@@ -276,43 +316,35 @@ struct engine {
     struct engine_waiting *queue_head, *queue_tail, *pending_head, *pending_tail;
     size_t queued_ranges, pending_ranges; /* written under the mutex, read without it */
     uint64_t pending_bytes;
-    uint64_t pending_passes;          /* looks finished (engine_drain waits for one) */
-    struct pinshim_counters counters; /* guarded by mutex; the fields below are not */
-    /* Bumped with relaxed atomics outside the lock, merged by engine_get_counters. */
-    uint64_t skipped_small, lock_calls, unlock_calls, mlockall_calls;
-    uint64_t skipped_disabled;     /* locks not registered: registration off in this process */
-    uint64_t skipped_cuda_library; /* locks made by the CUDA driver or a runtime itself */
-    /* Registrations split by mapping: pieces registered READ_ONLY, pieces
-     * left unregistered by kind (and read-only pieces on a device that takes
-     * no READ_ONLY), ranges registered piece by piece. */
-    uint64_t read_only_registrations;
-    uint64_t skipped_pieces[ENGINE_MAPPING_KIND_COUNT];
-    uint64_t skipped_read_only_unsupported;
-    uint64_t registered_by_pieces;
-    uint64_t logged_skips;    /* bit per kind (and bit 31: no READ_ONLY support): logged once */
-    uint64_t skipped_address; /* locks above the indexed address space */
-    uint64_t skipped_onfault_pages; /* MLOCK_ONFAULT pages not resident, not registered */
-    uint64_t exit_unloading;        /* exit unregistrations answered "runtime/driver unloading" */
+    uint64_t pending_passes; /* looks finished (engine_drain waits for one) */
+    /* What the engine counts: its own block until a live record takes the
+     * counters (engine_statistics_move_to), then the record's. */
+    struct engine_statistics *statistics;
+    struct engine_statistics own_statistics;
+    uint64_t logged_skips; /* bit per kind (and bit 31: no READ_ONLY support): logged once */
+    /* Taken at shutdown, before the exit unregistrations. */
     uint64_t live_ranges_at_exit, live_bytes_at_exit;
     uint64_t pending_ranges_at_exit, pending_bytes_at_exit;
     uint64_t queued_ranges_at_exit, queued_bytes_at_exit;
-    uint64_t deferred_total, deferred_registered; /* ranges that waited for a context */
-    uint64_t cancelled_queued, dropped_pending;   /* released before they were registered */
-    uint64_t gone_with_context; /* unregistrations that found the registration gone (713) */
-    uint64_t program_registrations, program_unregistrations, program_took_back;
-    /* The program's cudaHostRegister of pages the shim held registered just
-     * so: the registration became the program's, without a CUDA call; its
-     * cudaHostUnregister of pages still locked: the shim kept the
-     * registration, without a call. */
-    uint64_t program_handed_over, program_kept;
-    uint64_t wait_nanoseconds;       /* time program threads spent in backend calls */
-    uint64_t background_nanoseconds; /* time the registration thread spent in them */
-    struct engine_device_counts devices[ENGINE_MAX_DEVICES];
-    struct engine_error_count errors[ENGINE_ERROR_SLOTS];
     uint32_t warned_register[ENGINE_ERROR_SLOTS], warned_unregister[ENGINE_ERROR_SLOTS];
     struct node_pool piece_pool;
     struct node_pool waiting_pool;
 };
+
+/* The engine's counters, wherever they live now: acquire pairs with the
+ * release in engine_statistics_move_to, so a thread that sees the new place
+ * sees what was copied there. */
+static inline struct engine_statistics *engine_stats(struct engine *engine)
+{
+    return __atomic_load_n(&engine->statistics, __ATOMIC_ACQUIRE);
+}
+
+/* Moves the counters to place (data_bytes >= sizeof(struct engine_statistics),
+ * zeroed, 8-byte aligned: a live record's mapping) and counts there from now
+ * on. Counts that other threads add to the old place while it moves are
+ * carried over once more after the switch; one still in flight after that
+ * is lost (issue 19: "at most the operation in flight"). */
+void engine_statistics_move_to(struct engine *engine, struct engine_statistics *place);
 
 bool engine_init(struct engine *engine, const struct engine_backend *backend,
                  const struct engine_options *options);

@@ -21,6 +21,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
+
+/* Stamps the counters with the time of a change a watcher cares about
+ * (registered, released, failed, waiting): a coarse clock, read in the vDSO. */
+static inline void engine_note_change_locked(struct engine *engine)
+{
+    struct timespec now;
+    if (clock_gettime(CLOCK_REALTIME_COARSE, &now) == 0)
+        __atomic_store_n(&engine_stats(engine)->last_change_ns,
+                         (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec,
+                         __ATOMIC_RELAXED);
+}
 
 /* An entry of the lists of records waiting for the registration thread. */
 struct engine_waiting {

@@ -64,11 +64,12 @@ static bool hand_over_locked(struct engine *engine, uintptr_t start, size_t leng
     record->lock_start = start;
     record->lock_end = start + length;
     engine_window_refresh_locked(engine, pages_start, pages_end);
-    struct pinshim_counters *counters = &engine->counters;
+    struct pinshim_counters *counters = &engine_stats(engine)->counters;
     counters->live_ranges--;
+    engine_note_change_locked(engine);
     counters->live_bytes -= pages_end - pages_start;
-    engine->program_registrations++;
-    engine->program_handed_over++;
+    engine_stats(engine)->program_registrations++;
+    engine_stats(engine)->program_handed_over++;
     if (engine->backend->registered != NULL) {
         pthread_mutex_unlock(&engine->mutex);
         engine->backend->registered(engine->backend->context, pages_start, pages_end, false);
@@ -105,7 +106,7 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
     int call_errno;
     long result = engine_op_run(&op, call, &call_errno);
     if (result == ENGINE_CUDA_SUCCESS) {
-        engine->program_registrations++;
+        engine_stats(engine)->program_registrations++;
         /* Where the call registered: the context it made current, if it had
          * to (the runtime's primary context), else the one that was. */
         struct range_place place = caller;
@@ -196,13 +197,14 @@ static bool keep_locked(struct engine *engine, uintptr_t start)
     record->lock_start = start;
     record->lock_end = end;
     engine_window_refresh_locked(engine, start, end);
-    struct pinshim_counters *counters = &engine->counters;
+    struct pinshim_counters *counters = &engine_stats(engine)->counters;
     counters->live_ranges++;
+    engine_note_change_locked(engine);
     counters->live_bytes += end - start;
     if (counters->live_bytes > counters->peak_bytes)
         counters->peak_bytes = counters->live_bytes;
-    engine->program_unregistrations++;
-    engine->program_kept++;
+    engine_stats(engine)->program_unregistrations++;
+    engine_stats(engine)->program_kept++;
     if (engine->backend->registered != NULL) {
         pthread_mutex_unlock(&engine->mutex);
         engine->backend->registered(engine->backend->context, start, end, true);
@@ -250,7 +252,7 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
     int call_errno;
     long result = engine_op_run(&op, call, &call_errno);
     if (result == ENGINE_CUDA_SUCCESS && program.base != 0) {
-        engine->program_unregistrations++;
+        engine_stats(engine)->program_unregistrations++;
         /* The records of this registration go; the parts the program still
          * holds locked are the shim's again (queued when registration is
          * asynchronous, so that an unlock right after costs no CUDA call). */
@@ -285,7 +287,7 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
             took_back = true;
         }
         if (took_back)
-            engine->program_took_back++;
+            engine_stats(engine)->program_took_back++;
     }
     engine_op_end(&op);
     errno = call_errno;

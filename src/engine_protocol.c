@@ -7,6 +7,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <string.h>
 #include <time.h>
 
 static uint64_t now_nanoseconds(void)
@@ -36,8 +37,18 @@ static const char *call_name(struct engine *engine, bool unregister)
 static bool note_error(struct engine *engine, int error, uint32_t *warned)
 {
     for (size_t i = 0; i < ENGINE_ERROR_SLOTS; i++) {
-        struct engine_error_count *slot = &engine->errors[i];
+        struct engine_error_count *slot = &engine_stats(engine)->errors[i];
         if (slot->count == 0 || slot->code == error) {
+            if (slot->count == 0) {
+                /* Named before it is counted: a reader that sees the count
+                 * sees the name. */
+                const char *name = error_name(engine, error);
+                size_t length = 0;
+                while (name[length] != '\0' && length + 1 < sizeof(slot->name))
+                    length++;
+                memcpy(slot->name, name, length);
+                slot->name[length] = '\0';
+            }
             slot->code = error;
             slot->count++;
             bool first = !warned[i];
@@ -54,8 +65,8 @@ static void count_device_locked(struct engine *engine, const struct range_place 
                                 uint64_t bytes)
 {
     if (place->device >= 0 && place->device < ENGINE_MAX_DEVICES) {
-        engine->devices[place->device].registrations++;
-        engine->devices[place->device].bytes += bytes;
+        engine_stats(engine)->devices[place->device].registrations++;
+        engine_stats(engine)->devices[place->device].bytes += bytes;
     }
 }
 
@@ -81,18 +92,19 @@ static int try_register_locked(struct engine *engine, uintptr_t base, bool on_wo
     pthread_mutex_lock(&engine->mutex);
 
     record = range_registry_find(&engine->registry, base);
-    struct pinshim_counters *counters = &engine->counters;
+    struct pinshim_counters *counters = &engine_stats(engine)->counters;
     counters->register_nanoseconds += took;
     if (on_worker)
-        engine->background_nanoseconds += took;
+        engine_stats(engine)->background_nanoseconds += took;
     else
-        engine->wait_nanoseconds += took;
+        engine_stats(engine)->wait_nanoseconds += took;
     if (error == ENGINE_CUDA_SUCCESS) {
         record->state = RANGE_REGISTERED;
         record->place = place;
         counters->register_ok++;
         counters->register_bytes += length;
         counters->live_ranges++;
+        engine_note_change_locked(engine);
         counters->live_bytes += length;
         if (counters->live_bytes > counters->peak_bytes)
             counters->peak_bytes = counters->live_bytes;
@@ -102,7 +114,7 @@ static int try_register_locked(struct engine *engine, uintptr_t base, bool on_wo
                  on_worker ? " (in the background)" : "");
     } else if (error == ENGINE_CUDA_NO_CONTEXT) {
         /* The context it was meant for went away: wait for one. */
-        engine->deferred_total++;
+        engine_stats(engine)->deferred_total++;
         engine_set_state_locked(engine, record, RANGE_PENDING);
     }
     pthread_cond_broadcast(&engine->changed);
@@ -120,7 +132,7 @@ static void record_failure_locked(struct engine *engine, uintptr_t base, int err
 {
     struct range_record *record = range_registry_find(&engine->registry, base);
     size_t length = record->end - record->base;
-    struct pinshim_counters *counters = &engine->counters;
+    struct pinshim_counters *counters = &engine_stats(engine)->counters;
     engine_remove_record_locked(engine, base);
     bool first = note_error(engine, error, engine->warned_register);
     if (error == ENGINE_CUDA_ALREADY_REGISTERED) {
@@ -130,6 +142,7 @@ static void record_failure_locked(struct engine *engine, uintptr_t base, int err
                  (unsigned long)base, (unsigned long)length);
     } else {
         counters->register_failed++;
+        engine_note_change_locked(engine);
         if (first)
             log_warn("%s(%#lx, %lu) failed: %s (%d); the range stays "
                      "mlocked only; further %s failures are counted, not logged",
@@ -202,9 +215,9 @@ static void skip_piece_locked(struct engine *engine, uintptr_t base, int kind, b
     engine_remove_record_locked(engine, base);
     unsigned bit = no_read_only ? 31u : (unsigned)kind;
     if (no_read_only)
-        engine->skipped_read_only_unsupported++;
+        engine_stats(engine)->skipped_read_only_unsupported++;
     else
-        engine->skipped_pieces[kind]++;
+        engine_stats(engine)->skipped_pieces[kind]++;
     if (!(engine->logged_skips & ((uint64_t)1 << bit))) {
         engine->logged_skips |= (uint64_t)1 << bit;
         if (no_read_only)
@@ -249,7 +262,7 @@ static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, boo
         pieces.end[pieces.count - 1] != end ||
         !range_registry_reserve(&engine->registry, 2 * pieces.count))
         return false;
-    engine->registered_by_pieces++;
+    engine_stats(engine)->registered_by_pieces++;
     for (size_t i = 0; i < pieces.count; i++) {
         struct range_record *part = engine_isolate_locked(
             engine, range_registry_containing(&engine->registry, pieces.start[i])->base,
@@ -262,7 +275,7 @@ static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, boo
             register_piece_locked(engine, part_base, on_worker);
             part = range_registry_find(&engine->registry, part_base);
             if (part != NULL && part->state == RANGE_REGISTERED)
-                engine->read_only_registrations++;
+                engine_stats(engine)->read_only_registrations++;
         } else if (kind == ENGINE_MAPPING_WRITABLE) {
             register_piece_locked(engine, part_base, on_worker);
         } else {
@@ -284,7 +297,7 @@ void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t en
     struct range_registry *registry = &engine->registry;
     if (choice == ENGINE_PLACE_DISABLED || engine->shut_down)
         return;
-    if (engine->program_registrations != 0)
+    if (engine_stats(engine)->program_registrations != 0)
         engine_mark_program_locked_locked(engine, start, end);
     uint64_t chunk = engine->options.max_registration_bytes;
     if (chunk < engine->options.page_size)
@@ -321,13 +334,14 @@ void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t en
         else
             record.state = RANGE_REGISTERING;
         if (engine_insert_record_locked(engine, &record) == NULL) {
-            engine->counters.register_failed++;
+            engine_stats(engine)->counters.register_failed++;
+            engine_note_change_locked(engine);
             log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",
                      (unsigned long)gap_start, (unsigned long)(gap_end - gap_start));
             return;
         }
         if (deferred) {
-            engine->deferred_total++;
+            engine_stats(engine)->deferred_total++;
             engine_want_worker_locked(op); /* the watcher */
         } else if (record.state == RANGE_QUEUED) {
             engine_want_worker_locked(op);
@@ -417,13 +431,14 @@ static int unregister_record_locked(struct engine *engine, uintptr_t base,
     uint64_t took = now_nanoseconds() - began;
     pthread_mutex_lock(&engine->mutex);
 
-    struct pinshim_counters *counters = &engine->counters;
+    struct pinshim_counters *counters = &engine_stats(engine)->counters;
     counters->unregister_nanoseconds += took;
     if (on_worker)
-        engine->background_nanoseconds += took;
+        engine_stats(engine)->background_nanoseconds += took;
     else
-        engine->wait_nanoseconds += took;
+        engine_stats(engine)->wait_nanoseconds += took;
     counters->live_ranges--;
+    engine_note_change_locked(engine);
     counters->live_bytes -= length;
     (*reason_counter(counters, reason))++;
     if (error == ENGINE_CUDA_SUCCESS) {
@@ -432,18 +447,19 @@ static int unregister_record_locked(struct engine *engine, uintptr_t base,
                  (unsigned long)length, (double)took / 1e6);
     } else if (reason == RELEASE_EXIT && error == ENGINE_CUDA_DEINITIALIZED) {
         /* The runtime tore itself down first; the kernel drops the pins. */
-        engine->exit_unloading++;
+        engine_stats(engine)->exit_unloading++;
         note_error(engine, error, engine->warned_unregister);
     } else if (error == ENGINE_CUDA_NOT_REGISTERED) {
         /* Gone already: with its context (destroyed by the program), or
          * unregistered by the program through a path the shim cannot see. */
-        engine->gone_with_context++;
+        engine_stats(engine)->gone_with_context++;
         note_error(engine, error, engine->warned_unregister);
         log_info("%#lx was no longer registered (its context was destroyed, or the program "
                  "unregistered it itself)",
                  (unsigned long)base);
     } else {
         counters->unregister_failed++;
+        engine_note_change_locked(engine);
         if (note_error(engine, error, engine->warned_unregister))
             log_warn("%s(%#lx) failed: %s (%d); further %s failures are "
                      "counted, not logged",
@@ -487,9 +503,9 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
             end = part->end;
         }
         if (request->reason != RELEASE_EXIT && state == RANGE_PENDING)
-            engine->dropped_pending++;
+            engine_stats(engine)->dropped_pending++;
         else if (request->reason != RELEASE_EXIT && state == RANGE_QUEUED)
-            engine->cancelled_queued++;
+            engine_stats(engine)->cancelled_queued++;
         ticket_add_locked(engine, request->ticket, part, start, end, state);
         engine_remove_record_locked(engine, start);
         return;
@@ -686,17 +702,17 @@ long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned 
     if (!engine_active(engine))
         return engine_run_plain(call);
     if (length < engine->options.min_bytes) {
-        engine_count(&engine->skipped_small);
+        engine_count(&engine_stats(engine)->skipped_small);
         return engine_run_plain(call);
     }
     uintptr_t start, end;
     if (!engine_byte_range_pages(engine, addr, length, &start, &end)) {
-        engine_count(&engine->skipped_address);
+        engine_count(&engine_stats(engine)->skipped_address);
         return engine_run_plain(call);
     }
     bool onfault = (flags & ENGINE_LOCK_ONFAULT) != 0;
     if (onfault && engine->options.onfault == ENGINE_ONFAULT_SKIP) {
-        __atomic_fetch_add(&engine->skipped_onfault_pages,
+        __atomic_fetch_add(&engine_stats(engine)->skipped_onfault_pages,
                            (end - start) / engine->options.page_size, __ATOMIC_RELAXED);
         return engine_run_plain(call);
     }
@@ -712,7 +728,7 @@ long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned 
         enum engine_choice choice =
             engine->backend->choose_place(engine->backend->context, false, NULL, &place);
         if (choice == ENGINE_PLACE_DISABLED) {
-            engine_count(&engine->skipped_disabled);
+            engine_count(&engine_stats(engine)->skipped_disabled);
         } else if (onfault && engine->options.onfault == ENGINE_ONFAULT_RESIDENT &&
                    engine->backend->resident_parts != NULL) {
             /* Only what is resident: registering faults pages in, and
@@ -720,7 +736,7 @@ long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned 
             struct onfault_context context = {&op, addr, addr + length, choice, &place, 0};
             engine->backend->resident_parts(engine->backend->context, start, end,
                                             register_resident_part, &context);
-            __atomic_fetch_add(&engine->skipped_onfault_pages,
+            __atomic_fetch_add(&engine_stats(engine)->skipped_onfault_pages,
                                (end - start) / engine->options.page_size - context.resident_pages,
                                __ATOMIC_RELAXED);
         } else {
@@ -769,7 +785,7 @@ long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, boo
                 engine->backend->choose_place(engine->backend->context, false, NULL, &place);
             pthread_mutex_lock(&engine->mutex);
             if (choice == ENGINE_PLACE_DISABLED)
-                engine_count(&engine->skipped_disabled);
+                engine_count(&engine_stats(engine)->skipped_disabled);
             /* A new mapping: only a racing call on addresses it did not own
              * yet could claim it; then it stays unregistered. */
             else if (engine_op_claims(&op, map_start, map_end) ||
@@ -778,7 +794,7 @@ long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, boo
                 engine_add_range_locked(&op, map_start, map_end, (uintptr_t)result,
                                         (uintptr_t)result + length, choice, &place);
         } else if (locks && length < engine->options.min_bytes) {
-            engine_count(&engine->skipped_small);
+            engine_count(&engine_stats(engine)->skipped_small);
         }
     }
     engine_op_end(&op);

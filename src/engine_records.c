@@ -260,7 +260,15 @@ void engine_account_state_locked(struct engine *engine, const struct range_recor
         engine->pending_bytes += sign > 0 ? bytes : (uint64_t)0 - bytes;
         if (sign > 0)
             waiting_push_locked(engine, &engine->pending_head, &engine->pending_tail, record->base);
+    } else {
+        return;
     }
+    /* The counters' copies, for a watcher of the live record. */
+    struct pinshim_counters *counters = &engine_stats(engine)->counters;
+    counters->queued_ranges = engine->queued_ranges;
+    counters->pending_ranges = engine->pending_ranges;
+    counters->pending_bytes = engine->pending_bytes;
+    engine_note_change_locked(engine);
 }
 
 void engine_set_state_locked(struct engine *engine, struct range_record *record,

@@ -49,12 +49,12 @@ static enum engine_choice place_pending_locked(struct engine *engine)
             if (last == ENGINE_PLACE_READY) {
                 place.register_flags = record->place.register_flags; /* how, kept */
                 record->place = place;
-                engine->deferred_registered++;
+                engine_stats(engine)->deferred_registered++;
                 engine_account_state_locked(engine, record, -1);
                 record->state = RANGE_QUEUED;
                 engine_account_state_locked(engine, record, 1);
             } else if (last == ENGINE_PLACE_DISABLED) {
-                engine->dropped_pending++;
+                engine_stats(engine)->dropped_pending++;
                 engine_remove_record_locked(engine, entry->base);
             } else {
                 /* Still waiting: back on the list (the entry is reused). */

@@ -479,8 +479,8 @@ static void count_cuda_library_lock(void)
 {
     int saved_errno = errno;
     runtime_ensure_initialized();
-    engine_count(&runtime_engine.skipped_cuda_library);
-    engine_count(&runtime_engine.lock_calls);
+    engine_count(&engine_stats(&runtime_engine)->skipped_cuda_library);
+    runtime_count_lock_call();
     static int logged;
     if (__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED) == 0)
         log_info("locks made by the CUDA driver or runtime itself are passed through, not "
@@ -537,7 +537,7 @@ static int lock_through_engine(const void *addr, size_t len, unsigned engine_fla
     int result = (int)engine_lock(&runtime_engine, (uintptr_t)addr, len, engine_flags, &call);
     runtime_guard_leave();
     if (result == 0)
-        engine_count(&runtime_engine.lock_calls);
+        runtime_count_lock_call();
     return result;
 }
 
@@ -582,7 +582,7 @@ PINSHIM_EXPORT int munlock(const void *addr, size_t len)
         return real.munlock(addr, len);
     int saved_errno = errno;
     runtime_ensure_initialized();
-    engine_count(&runtime_engine.unlock_calls);
+    engine_count(&engine_stats(&runtime_engine)->unlock_calls);
     runtime_notice_cuda();
     errno = saved_errno;
     struct lock_call arguments = {addr, len, 0};
@@ -616,7 +616,7 @@ PINSHIM_EXPORT int munlockall(void)
         return real.munlockall();
     int saved_errno = errno;
     runtime_ensure_initialized();
-    engine_count(&runtime_engine.unlock_calls);
+    engine_count(&engine_stats(&runtime_engine)->unlock_calls);
     errno = saved_errno;
     struct engine_call call = {run_munlockall, NULL};
     runtime_guard_enter();
@@ -678,7 +678,7 @@ static void *mmap_common(mmap_fn next, const void *caller, void *addr, size_t le
     long result = engine_map(&runtime_engine, start, length, replaces, locks, &call);
     runtime_guard_leave();
     if (locks && result != -1)
-        engine_count(&runtime_engine.lock_calls);
+        runtime_count_lock_call();
     return (void *)result;
 }
 

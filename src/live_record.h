@@ -68,8 +68,8 @@ struct live_record_header {
     uint64_t ended_ns;         /* CLOCK_REALTIME at EXITED or REPLACED, else 0 */
     uint32_t fork_child;       /* 1: a fork child (its counters start at the fork) */
     uint32_t reserved;
-    char ended_by[16]; /* "exit", "_exit", "exec"; "" before */
-    char boot_id[40];  /* /proc/sys/kernel/random/boot_id, "" when unreadable */
+    char ended_by[16];     /* "exit", "_exit", "exec"; "" before */
+    char boot_id[40];      /* /proc/sys/kernel/random/boot_id, "" when unreadable */
     char version_text[24]; /* PINSHIM_VERSION_STRING */
     char context_mode[16]; /* "program" or "create" */
     char host[256];
@@ -97,15 +97,24 @@ struct live_record_identity {
 struct live_record {
     char *mapping; /* NULL: none */
     size_t mapping_bytes;
-    int directory_fd;
-    char name[300]; /* the file's name inside the directory */
+    /* Where the file is: the directory is opened again at the end rather
+     * than held open (a program may close or count its descriptors). */
+    char directory[CONFIG_PATH_MAX];
+    char base_name[280];
+    char name[300];
+    int attempt; /* name is base_name + ".live" (0) or + ".attempt.live" */
     uint64_t file_device, file_inode;
 };
 
-/* Where the records of processes go when PINSHIM_LIVE is auto: the per-user
- * runtime directory, $XDG_RUNTIME_DIR/pinshim when XDG_RUNTIME_DIR names a
- * directory of the user's own, else /tmp/pinshim-UID. Writes the path to out;
- * false if it does not fit. The directory is not made here. */
+/* Where the records of processes go when PINSHIM_LIVE is auto: a per-user
+ * directory on a memory file system, as hsperfdata's are per user: a file
+ * that is mapped shared must never fail to take a write (a full disk, a
+ * copy-on-write or network file system can answer a write to a mapped page
+ * with SIGBUS; tmpfs pages, allocated at creation, cannot). In order:
+ * $XDG_RUNTIME_DIR/pinshim when XDG_RUNTIME_DIR is an absolute path to a
+ * directory the user owns; /dev/shm/pinshim-UID when /dev/shm is a
+ * directory; /tmp/pinshim-UID. Writes the path to out; false if it does not
+ * fit. Makes nothing. */
 bool live_record_default_directory(const char *xdg_runtime_dir, unsigned uid, char *out,
                                    size_t out_size);
 
@@ -116,22 +125,25 @@ bool live_record_default_directory(const char *xdg_runtime_dir, unsigned uid, ch
 int live_record_open_directory(const char *path, bool private_directory, char *why,
                                size_t why_size);
 
-/* Makes the record in the directory: a new file (O_CREAT|O_EXCL|O_NOFOLLOW,
+/* Makes the record in the directory (directory_fd, opened from path
+ * directory): a new file (O_CREAT|O_EXCL|O_NOFOLLOW,
  * mode 0666 less the umask, as the stats file), named base_name + ".live",
  * or base_name + ".N.live" when that is taken (a record of an earlier process
  * with the same pid, or of this process before an exec: that one is marked
  * REPLACED). data_bytes of counters follow the field table; the header says
  * RUNNING. Returns a pointer to the counters (zeroed), or NULL with why
- * filled in; takes directory_fd over either way. */
-void *live_record_create(struct live_record *record, int directory_fd, const char *base_name,
-                         const struct live_record_identity *identity, size_t data_bytes,
-                         char *why, size_t why_size);
+ * filled in; closes directory_fd either way. */
+void *live_record_create(struct live_record *record, int directory_fd, const char *directory,
+                         const char *base_name, const struct live_record_identity *identity,
+                         size_t data_bytes, char *why, size_t why_size);
 
 void live_record_set_state(struct live_record *record, enum live_record_state state,
                            const char *ended_by);
 
 /* At a clean end: removes the file when remove is set and it is still this
- * record's (same device and inode at its name); otherwise leaves it EXITED.
+ * record's (same device and inode at its name), and with it the records this
+ * process left before an exec (REPLACED, the same pid, start time and boot,
+ * at the names tried before its own); otherwise leaves it EXITED.
  * The mapping stays (other threads may still count into it). */
 void live_record_finish(struct live_record *record, const char *ended_by, bool remove);
 

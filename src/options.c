@@ -196,6 +196,29 @@ static bool parse_stats(const char *value, struct pinshim_config *cfg, char *why
     return true;
 }
 
+static bool parse_live(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
+{
+    if (*value == '\0' || strcasecmp(value, "auto") == 0) {
+        cfg->live_mode = LIVE_AUTO;
+        return true;
+    }
+    if (strcmp(value, "0") == 0 || strcasecmp(value, "off") == 0) {
+        cfg->live_mode = LIVE_OFF;
+        return true;
+    }
+    if (value[0] != '/') {
+        copy_text(why, why_size, "not auto, off or an absolute directory path");
+        return false;
+    }
+    if (strlen(value) >= sizeof(cfg->live_directory)) {
+        copy_text(why, why_size, "path too long");
+        return false;
+    }
+    cfg->live_mode = LIVE_DIRECTORY;
+    copy_text(cfg->live_directory, sizeof(cfg->live_directory), value);
+    return true;
+}
+
 static const char *const log_level_names[] = {"quiet", "warn", "info", "debug"};
 
 static bool parse_log(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
@@ -469,6 +492,19 @@ const struct option_spec option_table[OPT_COUNT] = {
      .help = "With PINSHIM_FORK=copy, warn once when a fork happens while at least this much "
              "memory is registered (the kernel copies it into the child).",
      .parse = parse_fork_warn},
+    {.id = OPT_LIVE,
+     .names_file = true,
+     .env_name = "PINSHIM_LIVE",
+     .cli_name = "live",
+     .cli_argument = "DIR",
+     .accepted = "auto, off, or an absolute directory path",
+     .default_text = "auto",
+     .help = "Where a process that locks memory keeps its live record, the counters in a "
+             "small file updated in place, which pinshim top shows and pinshim report reads "
+             "when the process was killed: auto is a per-user directory on a memory file "
+             "system ($XDG_RUNTIME_DIR/pinshim, else /dev/shm/pinshim-UID, else "
+             "/tmp/pinshim-UID); the file goes at a clean exit.",
+     .parse = parse_live},
 };
 
 void config_set_defaults(struct pinshim_config *cfg)
@@ -627,6 +663,12 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
         break;
     case OPT_FORK_WARN:
         snprintf(out, out_size, "%llu", (unsigned long long)cfg->fork_warn_bytes);
+        break;
+    case OPT_LIVE:
+        copy_text(out, out_size,
+                  cfg->live_mode == LIVE_AUTO  ? "auto"
+                  : cfg->live_mode == LIVE_OFF ? "off"
+                                               : cfg->live_directory);
         break;
     case OPT_COUNT:
         copy_text(out, out_size, "");

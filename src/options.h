@@ -15,6 +15,8 @@ enum stats_mode { STATS_NONE = 0, STATS_TEXT, STATS_JSON };
 enum context_mode { CONTEXT_PROGRAM = 0, CONTEXT_CREATE };
 enum onfault_mode { ONFAULT_RESIDENT = 0, ONFAULT_SKIP, ONFAULT_ALL };
 enum fork_mode { FORK_COPY = 0, FORK_DONTFORK };
+/* Where a process's live record goes (live_record.h). */
+enum live_mode { LIVE_AUTO = 0, LIVE_OFF, LIVE_DIRECTORY };
 
 #define CONFIG_PATH_MAX 1024
 
@@ -35,6 +37,8 @@ struct pinshim_config {
     enum onfault_mode onfault;
     enum fork_mode fork_mode;
     uint64_t fork_warn_bytes; /* 0: never warn */
+    enum live_mode live_mode;
+    char live_directory[CONFIG_PATH_MAX]; /* for LIVE_DIRECTORY */
 };
 
 enum option_id {
@@ -53,6 +57,7 @@ enum option_id {
     OPT_ONFAULT,
     OPT_FORK,
     OPT_FORK_WARN,
+    OPT_LIVE,
     OPT_COUNT
 };
 

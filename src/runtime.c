@@ -499,6 +499,7 @@ static void after_fork_child(void)
     /* Linux does not pass memory locks to the child, and the parent's
      * registrations are not the child's to undo. */
     engine_reset_after_fork(&runtime_engine);
+    runtime_live_record_after_fork_child();
     is_fork_child = true;
     process_id = getpid();
     if (cuda_used_here || cuda_state == CUDA_READY || cuda.loaded)
@@ -631,6 +632,11 @@ void runtime_ensure_initialized(void)
         sched_yield();
 }
 
+bool runtime_is_fork_child(void)
+{
+    return is_fork_child;
+}
+
 bool runtime_is_initialized(void)
 {
     return __atomic_load_n(&init_state, __ATOMIC_ACQUIRE) == INIT_DONE;
@@ -663,7 +669,9 @@ void runtime_note_mlockall(int flags, int result)
     if (result == 0)
         __atomic_store_n(&future_mappings_locked,
                          (flags & MCL_FUTURE) != 0 && (flags & MCL_ONFAULT) == 0, __ATOMIC_RELAXED);
-    engine_count(&runtime_engine.mlockall_calls);
+    engine_count(&engine_stats(&runtime_engine)->mlockall_calls);
+    if (__atomic_load_n(&runtime_live_state, __ATOMIC_RELAXED) == 0)
+        runtime_live_record_start();
     if (__atomic_exchange_n(&mlockall_logged, 1, __ATOMIC_RELAXED) == 0)
         log_info("mlockall is passed through and counted; its pages are not registered");
 }
@@ -698,34 +706,34 @@ static void fill_report(struct stats_report *report)
     struct engine *engine = &runtime_engine;
     engine_get_counters(engine, &report->counters);
     pthread_mutex_lock(&engine->mutex);
-    report->skipped_disabled = engine->skipped_disabled;
-    report->skipped_cuda_library = engine->skipped_cuda_library;
-    report->registered_by_pieces = engine->registered_by_pieces;
-    report->read_only_registrations = engine->read_only_registrations;
-    report->skipped_read_only_unsupported = engine->skipped_read_only_unsupported;
-    report->skipped_io = engine->skipped_pieces[ENGINE_MAPPING_IO];
-    report->skipped_no_access = engine->skipped_pieces[ENGINE_MAPPING_NO_ACCESS];
-    report->skipped_shared_file = engine->skipped_pieces[ENGINE_MAPPING_SHARED_FILE];
-    report->skipped_unmapped = engine->skipped_pieces[ENGINE_MAPPING_UNMAPPED];
-    report->skipped_address = engine->skipped_address;
-    report->skipped_onfault_pages = engine->skipped_onfault_pages;
-    report->exit_unloading = engine->exit_unloading;
+    report->skipped_disabled = engine_stats(engine)->skipped_disabled;
+    report->skipped_cuda_library = engine_stats(engine)->skipped_cuda_library;
+    report->registered_by_pieces = engine_stats(engine)->registered_by_pieces;
+    report->read_only_registrations = engine_stats(engine)->read_only_registrations;
+    report->skipped_read_only_unsupported = engine_stats(engine)->skipped_read_only_unsupported;
+    report->skipped_io = engine_stats(engine)->skipped_pieces[ENGINE_MAPPING_IO];
+    report->skipped_no_access = engine_stats(engine)->skipped_pieces[ENGINE_MAPPING_NO_ACCESS];
+    report->skipped_shared_file = engine_stats(engine)->skipped_pieces[ENGINE_MAPPING_SHARED_FILE];
+    report->skipped_unmapped = engine_stats(engine)->skipped_pieces[ENGINE_MAPPING_UNMAPPED];
+    report->skipped_address = engine_stats(engine)->skipped_address;
+    report->skipped_onfault_pages = engine_stats(engine)->skipped_onfault_pages;
+    report->exit_unloading = engine_stats(engine)->exit_unloading;
     report->live_ranges_at_exit = engine->live_ranges_at_exit;
     report->live_bytes_at_exit = engine->live_bytes_at_exit;
-    report->deferred_total = engine->deferred_total;
-    report->deferred_registered = engine->deferred_registered;
-    report->deferred_dropped = engine->dropped_pending;
+    report->deferred_total = engine_stats(engine)->deferred_total;
+    report->deferred_registered = engine_stats(engine)->deferred_registered;
+    report->deferred_dropped = engine_stats(engine)->dropped_pending;
     report->pending_ranges_at_exit = engine->pending_ranges_at_exit;
     report->pending_bytes_at_exit = engine->pending_bytes_at_exit;
     report->queued_ranges_at_exit = engine->queued_ranges_at_exit;
-    report->cancelled_queued = engine->cancelled_queued;
-    report->wait_nanoseconds = engine->wait_nanoseconds;
-    report->background_nanoseconds = engine->background_nanoseconds;
-    report->program_unregistrations = engine->program_unregistrations;
-    report->program_took_back = engine->program_took_back;
-    report->program_handed_over = engine->program_handed_over;
-    report->program_kept = engine->program_kept;
-    report->gone_with_context = engine->gone_with_context;
+    report->cancelled_queued = engine_stats(engine)->cancelled_queued;
+    report->wait_nanoseconds = engine_stats(engine)->wait_nanoseconds;
+    report->background_nanoseconds = engine_stats(engine)->background_nanoseconds;
+    report->program_unregistrations = engine_stats(engine)->program_unregistrations;
+    report->program_took_back = engine_stats(engine)->program_took_back;
+    report->program_handed_over = engine_stats(engine)->program_handed_over;
+    report->program_kept = engine_stats(engine)->program_kept;
+    report->gone_with_context = engine_stats(engine)->gone_with_context;
     pthread_mutex_unlock(&engine->mutex);
     struct engine_device_counts devices[STATS_MAX_DEVICES];
     report->device_count = engine_get_devices(engine, devices, STATS_MAX_DEVICES);
@@ -755,18 +763,19 @@ static void write_summary(const struct stats_report *report)
         stats_write_text(stderr_copy, report);
 }
 
-static void write_stats(void)
+/* True when the JSON statistics file was written. */
+static bool write_stats(void)
 {
     if (runtime_config.stats_mode == STATS_NONE)
-        return;
+        return false;
     struct stats_report report;
     fill_report(&report);
     report.warnings = log_warning_count();
     if (!stats_worth_writing(&report, &runtime_config))
-        return;
+        return false;
     if (runtime_config.stats_mode == STATS_TEXT) {
         write_summary(&report);
-        return;
+        return false;
     }
     char path[CONFIG_PATH_MAX];
     char why[256];
@@ -776,26 +785,31 @@ static void write_stats(void)
                  "to stderr instead",
                  runtime_config.stats_path);
         write_summary(&report);
-        return;
+        return false;
     }
     if (!stats_write_file(path, &report, why, sizeof(why))) {
         log_warn("cannot write stats to %.300s (%s); writing the summary to stderr instead", path,
                  why);
         write_summary(&report);
+        return false;
     }
+    return true;
 }
 
 void runtime_before_immediate_exit(void)
 {
-    if (!runtime_is_initialized() || runtime_config.stats_mode == STATS_NONE || runtime_guarded() ||
-        getpid() != process_id)
+    bool live = __atomic_load_n(&runtime_live_state, __ATOMIC_ACQUIRE) != 0;
+    if (!runtime_is_initialized() || (runtime_config.stats_mode == STATS_NONE && !live) ||
+        runtime_guarded() || getpid() != process_id)
         return;
     int saved_errno = errno;
     runtime_guard_enter();
+    bool kept = false;
     if (engine_note_immediate_exit(&runtime_engine)) {
         ended_by_immediate_exit = true;
-        write_stats();
+        kept = write_stats();
     }
+    runtime_live_record_finish("_exit", kept);
     runtime_guard_leave();
     errno = saved_errno;
 }
@@ -812,8 +826,10 @@ __attribute__((destructor)) static void runtime_destructor(void)
     int saved_errno = errno;
     /* The kernel drops every pin at exit; unregistering first keeps the
      * runtime's view clean when it is still alive, and is counted when it is not. */
+    runtime_live_record_exiting();
     engine_shutdown(&runtime_engine);
-    write_stats();
+    bool kept = write_stats();
+    runtime_live_record_finish("exit", kept);
     errno = saved_errno;
 }
 

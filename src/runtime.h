@@ -59,6 +59,26 @@ size_t runtime_rounding_threshold(void);
 void runtime_note_mlockall(int flags, int result);
 void runtime_note_munlockall(int result);
 
+/* The live record (runtime_live.c): made at the process's first lock call,
+ * which runtime_count_lock_call counts (one relaxed load after that). */
+extern int runtime_live_state;
+void runtime_live_record_start(void);
+void runtime_live_record_exiting(void);
+/* At a clean end (ended_by "exit" or "_exit"); statistics_kept: the JSON
+ * statistics file was written. */
+void runtime_live_record_finish(const char *ended_by, bool statistics_kept);
+void runtime_live_record_after_fork_child(void);
+bool runtime_is_fork_child(void);
+
+/* Counts a lock call (mlock, mlock2, MAP_LOCKED, a lock made by CUDA itself)
+ * and, at the first, makes the live record. */
+static inline void runtime_count_lock_call(void)
+{
+    engine_count(&engine_stats(&runtime_engine)->lock_calls);
+    if (__builtin_expect(__atomic_load_n(&runtime_live_state, __ATOMIC_RELAXED) == 0, 0))
+        runtime_live_record_start();
+}
+
 /* _exit, _Exit: the process ends now, without exit handlers or destructors.
  * Writes the statistics as exit would (registrations still held count as
  * live at exit; they are not unregistered: the kernel drops every pin with

@@ -561,7 +561,7 @@ Test(engine, disabled_means_no_registration)
     mock.choice = ENGINE_PLACE_DISABLED;
     lock(A(0), 64 * PAGE);
     cr_assert_eq(mock.register_calls, 0);
-    cr_assert_eq(engine.skipped_disabled, 1);
+    cr_assert_eq(engine_stats(&engine)->skipped_disabled, 1);
     cr_assert_not(engine_has_registrations(&engine));
 }
 
@@ -821,8 +821,8 @@ Test(engine, asynchronous_lock_queues_and_the_worker_registers)
     engine_worker_run(&engine, 1000000, false);
     uintptr_t expected[] = {A(0), A(64 * PAGE)};
     expect_ranges(expected, 1);
-    cr_assert_gt(engine.background_nanoseconds, 0);
-    cr_assert_eq(engine.wait_nanoseconds, 0);
+    cr_assert_gt(engine_stats(&engine)->background_nanoseconds, 0);
+    cr_assert_eq(engine_stats(&engine)->wait_nanoseconds, 0);
 }
 
 Test(engine, release_of_a_queued_range_cancels_it_without_cuda)
@@ -832,7 +832,7 @@ Test(engine, release_of_a_queued_range_cancels_it_without_cuda)
     unlock(A(0), A(16 * PAGE), RELEASE_MUNLOCK);
     free_block(A(48 * PAGE), A(64 * PAGE));
     cr_assert_eq(mock.register_calls + mock.unregister_calls, 0);
-    cr_assert_eq(engine.cancelled_queued, 2);
+    cr_assert_eq(engine_stats(&engine)->cancelled_queued, 2);
     engine_worker_run(&engine, 1000000, false);
     uintptr_t expected[] = {A(16 * PAGE), A(48 * PAGE)};
     expect_ranges(expected, 1);
@@ -887,7 +887,7 @@ Test(engine, without_a_context_ranges_wait_and_are_registered_later)
     cr_assert_eq(engine.pending_ranges, 2);
     cr_assert_eq(engine.pending_bytes, 128 * PAGE);
     unlock(A(100 * PAGE), A(164 * PAGE), RELEASE_MUNLOCK); /* dropped, no CUDA call */
-    cr_assert_eq(engine.dropped_pending, 1);
+    cr_assert_eq(engine_stats(&engine)->dropped_pending, 1);
     cr_assert_eq(mock.unregister_calls, 0);
     mock.choice = ENGINE_PLACE_READY;
     mock.device = 2; /* the program's context appeared on device 2 */
@@ -895,8 +895,8 @@ Test(engine, without_a_context_ranges_wait_and_are_registered_later)
     uintptr_t expected[] = {A(0), A(64 * PAGE)};
     expect_ranges(expected, 1);
     cr_assert_eq(mock.ranges[0].device, 2);
-    cr_assert_eq(engine.deferred_total, 2);
-    cr_assert_eq(engine.deferred_registered, 1);
+    cr_assert_eq(engine_stats(&engine)->deferred_total, 2);
+    cr_assert_eq(engine_stats(&engine)->deferred_registered, 1);
     cr_assert_eq(engine.pending_ranges, 0);
 }
 
@@ -923,7 +923,7 @@ Test(engine, the_watcher_looks_until_the_last_pending_range_goes, .timeout = 30)
     cr_assert_eq(mock.register_calls, 0);
     unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
     pthread_join(watcher, NULL); /* returns: nothing left to wait for */
-    cr_assert_eq(engine.dropped_pending, 1);
+    cr_assert_eq(engine_stats(&engine)->dropped_pending, 1);
     cr_assert_eq(mock.register_calls, 0);
 }
 
@@ -965,7 +965,7 @@ Test(engine, onfault_registers_only_resident_pages)
     cr_assert_eq(engine_lock(&engine, A(0), 64 * PAGE, ENGINE_LOCK_ONFAULT, &succeeds), 0);
     uintptr_t expected[] = {A(4 * PAGE), A(10 * PAGE), A(40 * PAGE), A(41 * PAGE)};
     expect_ranges(expected, 2);
-    cr_assert_eq(engine.skipped_onfault_pages, 57);
+    cr_assert_eq(engine_stats(&engine)->skipped_onfault_pages, 57);
 }
 
 Test(engine, onfault_skip_and_all)
@@ -1053,7 +1053,7 @@ Test(engine, program_unregistration_lets_the_shim_take_the_pages_back)
     uintptr_t expected[] = {A(0),         A(10 * PAGE), A(10 * PAGE),
                             A(20 * PAGE), A(20 * PAGE), A(64 * PAGE)};
     expect_ranges(expected, 3);
-    cr_assert_eq(engine.program_took_back, 1);
+    cr_assert_eq(engine_stats(&engine)->program_took_back, 1);
 }
 
 /* The take-back follows the registry (kept equal to what is locked), not
@@ -1089,7 +1089,7 @@ Test(engine, take_back_of_what_was_unlocked_and_locked_under_the_program)
     cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
     uintptr_t expected[] = {A(16 * PAGE), A(32 * PAGE)};
     expect_ranges(expected, 1);
-    cr_assert_eq(engine.program_took_back, 1);
+    cr_assert_eq(engine_stats(&engine)->program_took_back, 1);
     unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
     expect_ranges(NULL, 0);
 }

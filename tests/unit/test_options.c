@@ -324,7 +324,7 @@ static struct pinshim_config load_all_set(bool secure_execution)
         [OPT_CONTEXT] = "create",    [OPT_DEVICE] = "2",
         [OPT_ASYNC] = "on",          [OPT_MAX_REGISTRATION] = "1G",
         [OPT_ONFAULT] = "skip",      [OPT_FORK] = "dontfork",
-        [OPT_FORK_WARN] = "0",
+        [OPT_FORK_WARN] = "0",       [OPT_LIVE] = "/tmp/live-records",
     };
     struct big_environment environment = {{0}, {0}};
     for (int i = 0; i < OPT_COUNT; i++) {
@@ -376,8 +376,9 @@ Test(options, secure_execution_ignores_options_that_name_files)
     cr_assert_eq(cfg.min_bytes, 1 << 20);
     /* One warning naming every variable ignored and what is used instead. */
     cr_assert_str_eq(logged, "pinshim: secure-execution mode (setuid, setgid or file "
-                             "capabilities): ignoring PINSHIM_CUDART, PINSHIM_STATS, which name "
-                             "files or libraries; using PINSHIM_CUDART=search, PINSHIM_STATS=0\n");
+                             "capabilities): ignoring PINSHIM_CUDART, PINSHIM_STATS, "
+                             "PINSHIM_LIVE, which name files or libraries; using "
+                             "PINSHIM_CUDART=search, PINSHIM_STATS=0, PINSHIM_LIVE=auto\n");
 }
 
 Test(options, secure_execution_warns_only_about_what_was_set)
