@@ -338,18 +338,33 @@ static void secure_teardown(struct secure_setup *setup)
     free(setup->directory);
 }
 
-/* Runs program (with the library's path) as the unprivileged user. */
-static void run_as_user(const struct secure_setup *setup, const char *program,
-                        const char *const *settings, struct child_result *result)
+/* Runs program (with the library's path, and mode when not NULL) as the
+ * unprivileged user. */
+static void run_as_user_in_mode(const struct secure_setup *setup, const char *program,
+                                const char *mode, const char *const *settings,
+                                struct child_result *result)
 {
-    const char *argv[] = {setup->setpriv, setup->uid_option, setup->gid_option, "--clear-groups",
-                          "--",           program,           setup->library,    NULL};
+    const char *argv[] = {setup->setpriv,
+                          setup->uid_option,
+                          setup->gid_option,
+                          "--clear-groups",
+                          "--",
+                          program,
+                          setup->library,
+                          mode,
+                          NULL};
     const char *environment[32] = {UNSET_SHIM_VARIABLES, "LD_PRELOAD="};
     size_t count = 9;
     for (size_t i = 0; settings && settings[i] && count < 31; i++)
         environment[count++] = settings[i];
     environment[count] = NULL;
     child_run(argv, environment, NULL, result);
+}
+
+static void run_as_user(const struct secure_setup *setup, const char *program,
+                        const char *const *settings, struct child_result *result)
+{
+    run_as_user_in_mode(setup, program, NULL, settings, result);
 }
 
 Test(stats_files, secure_execution_ignores_the_stats_path_and_runtime, .timeout = 60)
@@ -395,6 +410,55 @@ Test(stats_files, secure_execution_ignores_the_stats_path_and_runtime, .timeout 
     /* Nothing tried to load the named runtime or write the named file. */
     cr_assert(strstr(result.err, "/nonexistent/") == NULL, "%s", result.err);
     cr_assert(strstr(result.err, "cannot write stats") == NULL, "%s", result.err);
+    child_result_free(&result);
+    secure_teardown(&setup);
+}
+
+/* No live record in secure-execution mode (issue 19): not where PINSHIM_LIVE
+ * says (it names a directory), nor in the default directory. The programs
+ * lock a buffer and kill themselves, so a record made would stay. */
+Test(stats_files, secure_execution_makes_no_live_record, .timeout = 60)
+{
+    struct secure_setup setup;
+    secure_setup(&setup);
+    char live[600];
+    snprintf(live, sizeof(live), "PINSHIM_LIVE=%s", setup.out);
+    const char *settings[] = {live, "PINSHIM_CONTEXT=create", "PINSHIM_LOG=quiet", NULL};
+
+    /* The control: the same program, not setuid, leaves its record there. */
+    struct child_result result;
+    run_as_user_in_mode(&setup, setup.plain, "lock-and-die", settings, &result);
+    cr_assert_eq(result.status, 128 + 9, "%s%s", result.out, result.err);
+    cr_assert(strstr(result.out, "secure=0 ") != NULL, "%s", result.out);
+    char host[256] = "";
+    cr_assert_eq(gethostname(host, sizeof(host) - 1), 0);
+    cr_assert_eq(count_files(setup.out, host), 1,
+                 "the program that is not setuid left no live record: the test proves nothing");
+    child_result_free(&result);
+    remove_tree(setup.out);
+    cr_assert_eq(mkdir(setup.out, 0777), 0);
+    cr_assert_eq(chmod(setup.out, 0777), 0);
+
+    run_as_user_in_mode(&setup, setup.program, "lock-and-die", settings, &result);
+    if (strstr(result.out, "secure=0 ") != NULL) {
+        child_result_free(&result);
+        secure_teardown(&setup);
+        cr_skip_test("the setuid bit had no effect here (nosuid mount or no_new_privs)");
+    }
+    cr_assert(strstr(result.out, "secure=1 ") != NULL, "%s", result.out);
+    cr_assert_eq(result.status, 128 + 9, "%s%s", result.out, result.err);
+    const char *pid_text = strstr(result.out, "pid=");
+    cr_assert_not_null(pid_text, "%s", result.out);
+    long pid = strtol(pid_text + 4, NULL, 10);
+    cr_assert_eq(count_files(setup.out, host), 0, "the setuid program made a live record");
+    /* Nor in any default directory (euid 0: the root user's). */
+    const char *defaults[] = {"/dev/shm/pinshim-0", "/tmp/pinshim-0", "/run/user/0/pinshim"};
+    for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s.%ld.live", defaults[i], host, pid);
+        struct stat info;
+        cr_assert_neq(lstat(path, &info), 0, "the setuid program made %s", path);
+    }
     child_result_free(&result);
     secure_teardown(&setup);
 }
