@@ -10,6 +10,7 @@
 #include "loaded_objects.h"
 #include "log.h"
 #include "memory_map.h"
+#include "interpose_internal.h"
 #include "runtime.h"
 
 #include <dlfcn.h>
@@ -289,6 +290,26 @@ PINSHIM_EXPORT void free(void *ptr)
         return;
     }
     free_while_registered(ptr);
+}
+
+void interpose_release_block(void *ptr, long (*run)(void *), void *arguments)
+{
+    ensure_resolved();
+    uintptr_t start, end;
+    if (engine_block_clear_fast(&runtime_engine, runtime_free_gate, ptr) ||
+        !block_may_hold_registration(ptr, &start, &end) || runtime_guarded()) {
+        run(arguments);
+        return;
+    }
+    struct engine_call call = {run, arguments};
+    runtime_guard_enter();
+    engine_release_block(&runtime_engine, start, end, RELEASE_FREE, false, &call);
+    runtime_guard_leave();
+}
+
+void interpose_free(void *ptr)
+{
+    free(ptr);
 }
 
 static void *realloc_common(void *ptr, size_t nmemb, size_t size, bool is_array)

@@ -383,34 +383,57 @@ Test(coexist, python_with_ctypes, .timeout = 120)
     harness_free(&shimmed);
 }
 
-Test(coexist, cxx_threads, .timeout = 120)
+/* The C++ program's buffers are deleted while locked: with libstdc++'s
+ * operator delete that reaches free; an allocator that replaces operator
+ * delete (tcmalloc, ASan's runtime) frees without calling free, and the shim
+ * sees it through its own operator delete. */
+static void cxx_threads_with(const char *allocator)
 {
     const char *program = harness_optional_env("CXX_THREADS");
     if (program == NULL)
         cr_skip_test("no C++ compiler: the C++ program was not built");
     harness_require_lock_budget(20 << 20); /* 8 threads, up to 2 MiB locked each */
+    char preload[2 * HARNESS_PATH_MAX + 2];
+    snprintf(preload, sizeof(preload), "%s%s%s", harness_env("PINSHIM_LIB"),
+             allocator != NULL ? ":" : "", allocator != NULL ? allocator : "");
     const char *argv[] = {program, NULL};
-    struct harness_options without = {0};
-    struct harness_options with = {.preload = harness_env("PINSHIM_LIB")};
+    struct harness_options without = {.preload = allocator};
+    struct harness_options with = {.preload = preload};
     struct harness_run plain, shimmed;
     harness_run(&plain, argv, &without);
     harness_run(&shimmed, argv, &with);
     cr_assert_eq(plain.result.status, 0, "%s", plain.result.err);
     harness_expect_same_result(&plain, &shimmed);
     cr_assert_str_eq(shimmed.result.err, "");
-    /* Each of 8 threads locks 40 posix_memalign buffers and 40 aligned-new ones. */
+    /* Each of 8 threads locks 40 posix_memalign buffers and 40 aligned-new
+     * ones; it unlocks the first and deletes the others still locked. */
     cr_assert_eq(harness_stat(&shimmed, "calls.lock"), 8 * 80, "%s", shimmed.stats);
+    cr_assert_eq(harness_stat(&shimmed, "unregister.free"), 8 * 40,
+                 "delete[] of locked memory reaches the shim:\n%s", shimmed.stats);
+    cr_assert_eq(harness_stat(&shimmed, "live.ranges"), 0, "%s", shimmed.stats);
     if (!under_sanitizer()) {
-        /* In an ASan-built program operator delete is ASan's and never calls
-         * free, and ASan's allocator lays buffers out its own way: there only
-         * the totals below are checked. */
+        /* ASan's allocator lays buffers out its own way: there only the
+         * totals above are checked. */
         cr_assert_eq(harness_stat(&shimmed, "register.ok"), 8 * 80);
         cr_assert_eq(harness_stat(&shimmed, "unregister.munlock"), 8 * 40);
-        cr_assert_eq(harness_stat(&shimmed, "unregister.free"), 8 * 40,
-                     "delete[] of locked memory reaches the shim's free");
     }
     harness_expect_consistent_stats(&shimmed);
     harness_expect_clean_runtime(&shimmed);
     harness_free(&plain);
     harness_free(&shimmed);
+}
+
+Test(coexist, cxx_threads, .timeout = 120)
+{
+    cxx_threads_with(NULL);
+}
+
+Test(coexist, cxx_threads_tcmalloc_after_the_shim, .timeout = 120)
+{
+    cxx_threads_with(allocator_or_skip("TCMALLOC", "libtcmalloc-minimal4"));
+}
+
+Test(coexist, cxx_threads_jemalloc_after_the_shim, .timeout = 120)
+{
+    cxx_threads_with(allocator_or_skip("JEMALLOC", "libjemalloc2"));
 }
