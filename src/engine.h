@@ -200,7 +200,37 @@ enum engine_failure_rule {
  * (engine_enable_window), or when the map could not be mapped.
  * window_before (the window's first byte, less one: the fast path subtracts
  * it from the "ptr - 1" the gate compare made), window_size and window are
- * written once, before a reader can see a record. */
+ * written once, before a reader can see a record.
+ *
+ * In C11's memory model. Writers hold the engine's mutex and store the gate,
+ * the entries and below with __atomic_store_n (relaxed); window_size is
+ * stored with release after window and window_before. free reads them with
+ * no lock: the gate and the entries with plain loads (so that the compiler
+ * folds the gate's load into the compare), below with a relaxed load. Two
+ * cases:
+ *  - The free is ordered after the lock that made a record it must see (the
+ *    same thread locked then freed, or the program synchronised the two, as
+ *    it must to free memory another thread locked). The stores were made
+ *    inside that lock call, before it returned, so they happen before the
+ *    free, and by write-read coherence the free reads them or later values;
+ *    a later value only narrows the window (fewer records) or widens it
+ *    after another lock, which sends the block on to the locked path, where
+ *    the mutex orders everything.
+ *  - The free races the lock (not ordered either way). Then the block
+ *    cannot be what that lock asked for, or the program races on its own
+ *    memory; a stale "clear" frees a block whose bytes no finished lock
+ *    needs, and the allocator can only give back pages the block covers
+ *    whole, which a concurrent lock of other bytes does not register.
+ * The plain loads of the gate and entries are, to the letter of C11, racy
+ * reads of words written atomically; GCC and Clang compile an aligned
+ * machine-word load to one load instruction, which reads the old or the new
+ * value, as a relaxed atomic load would: the shim relies on that, as the
+ * glibc chunk header it also reads there is read without synchronisation by
+ * any allocator. The window's map and the page index's nodes are never
+ * unmapped while the engine lives, so no read touches unmapped memory.
+ * x86-64 is strongly ordered and hides missed orderings; the tests ran on
+ * x86-64 natively and on aarch64 under qemu-user (also on x86-64 hardware),
+ * so weak ordering on real aarch64 is argued here, not tested. */
 struct engine_free_view {
     uintptr_t gate;
     uintptr_t window_before;

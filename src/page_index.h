@@ -9,7 +9,14 @@
  *
  * Writers hold the engine lock. Readers may run without it (free's check):
  * nodes are published with release stores and never freed while the index
- * lives, so a reader sees either old or new bits, never unmapped memory. */
+ * lives, so a reader sees either old or new bits, never unmapped memory.
+ * In C11's terms: a node is zeroed (fresh anonymous memory) and then its
+ * pointer stored with release; readers load the pointer with acquire, so the
+ * node's initial contents happen before their reads of it (on aarch64 the
+ * dependent load orders this anyway, but the acquire says it). Bitmap words
+ * are written with relaxed atomic stores and read with relaxed loads: a
+ * reader ordered after the lock that set a bit (see engine_free_view) reads
+ * it by write-read coherence; one racing the lock may read either value. */
 #ifndef PINSHIM_PAGE_INDEX_H
 #define PINSHIM_PAGE_INDEX_H
 
