@@ -88,6 +88,7 @@ class Installed(unittest.TestCase):
     def test_files_are_installed(self):
         for path, executable in ((self.command, True),
                                  (os.path.join(self.bindir, "pinshim-report"), True),
+                                 (os.path.join(self.bindir, "pinshim-top"), True),
                                  (self.library, False),
                                  (os.path.join(self.includedir, "pinshim.h"), False),
                                  (os.path.join(self.libdir, "pkgconfig", "pinshim.pc"), False),
@@ -161,6 +162,20 @@ class Installed(unittest.TestCase):
             self.assertEqual(table.returncode, 0, table.stderr)
             self.assertIn("memtester", table.stdout)
             self.assertRegex(table.stdout, r"(?m)^  slowest +\S+ pid \d+ \(memtester\)")
+
+    def test_installed_top_finds_its_reader(self):
+        """pinshim-top loads pinshim-report from beside itself, in bindir."""
+        with tempfile.TemporaryDirectory() as directory:
+            for command in ([os.path.join(self.bindir, "pinshim-top"), "--once", directory],
+                            [self.command, "top", "--once", directory]):
+                with self.subTest(command=command[0]):
+                    result = subprocess.run(command, env=clean_environment(),
+                                            capture_output=True, text=True, timeout=60)
+                    self.assertEqual(result.returncode, 0, result.stderr)
+                    self.assertEqual(result.stderr, "")
+                    self.assertIn(f"no running process has a live record in {directory}",
+                                  result.stdout)
+            self.assertFalse(os.path.exists(os.path.join(self.bindir, "__pycache__")))
 
     def test_header_compiles(self):
         compiler = shlex.split(os.environ["CC_COMMAND"])
