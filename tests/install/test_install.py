@@ -94,6 +94,7 @@ class Installed(unittest.TestCase):
                                  (os.path.join(self.libdir, "pkgconfig", "pinshim.pc"), False),
                                  (os.path.join(self.mandir, "man1", "pinshim.1"), False),
                                  (os.path.join(self.mandir, "man1", "pinshim-report.1"), False),
+                                 (os.path.join(self.mandir, "man1", "pinshim-top.1"), False),
                                  (os.path.join(self.mandir, "man7", "pinshim.7"), False)):
             with self.subTest(path=path):
                 self.assertTrue(os.path.isfile(path), f"{path} is not installed")
@@ -234,8 +235,10 @@ class Installed(unittest.TestCase):
         groff = shutil.which("groff")
         if groff is None:
             self.skipTest("groff is not installed (Debian groff-base)")
-        # From the man directory, as man does: pinshim-report.1 is ".so man1/pinshim.1".
-        for page in ("man1/pinshim.1", "man1/pinshim-report.1", "man7/pinshim.7"):
+        # From the man directory, as man does: pinshim-report.1 and pinshim-top.1
+        # are ".so man1/pinshim.1".
+        for page in ("man1/pinshim.1", "man1/pinshim-report.1", "man1/pinshim-top.1",
+                     "man7/pinshim.7"):
             with self.subTest(page=page):
                 result = subprocess.run([groff, "-man", "-Tutf8", "-ww", page], cwd=self.mandir,
                                         capture_output=True, text=True, timeout=60)

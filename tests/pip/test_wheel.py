@@ -341,6 +341,7 @@ class TheWheel(unittest.TestCase):
             f"{PRIVATE}/pinshim-top": 0o755,
             f"{data}/data/share/man/man1/pinshim.1": 0o644,
             f"{data}/data/share/man/man1/pinshim-report.1": 0o644,
+            f"{data}/data/share/man/man1/pinshim-top.1": 0o644,
             f"{data}/data/share/man/man7/pinshim.7": 0o644,
             f"{data}/purelib/pinshim/__init__.py": 0o644,
             f"{data}/purelib/pinshim/__main__.py": 0o644,
@@ -373,7 +374,7 @@ class Installed(unittest.TestCase):
     def test_files_are_in_the_environment(self):
         for path in ("bin/pinshim", "bin/pinshim-report", "bin/pinshim-top",
                      "share/man/man1/pinshim.1", "share/man/man1/pinshim-report.1",
-                     "share/man/man7/pinshim.7"):
+                     "share/man/man1/pinshim-top.1", "share/man/man7/pinshim.7"):
             with self.subTest(path=path):
                 self.assertTrue(os.path.isfile(os.path.join(fixture.venv, path)), path)
         for name in ("libpinshim.so", "pinshim", "pinshim-report", "pinshim-top"):
@@ -483,9 +484,11 @@ class Installed(unittest.TestCase):
         man = shutil.which("man")
         if man is None:
             self.skipTest("man is not installed")
-        # pinshim-report.1 is ".so man1/pinshim.1": man -w may name either.
+        # pinshim-report.1 and pinshim-top.1 are ".so man1/pinshim.1": man -w
+        # may name either.
         for page, expected in (("pinshim", ["pinshim.1"]), ("7 pinshim", ["../man7/pinshim.7"]),
-                               ("pinshim-report", ["pinshim-report.1", "pinshim.1"])):
+                               ("pinshim-report", ["pinshim-report.1", "pinshim.1"]),
+                               ("pinshim-top", ["pinshim-top.1", "pinshim.1"])):
             with self.subTest(page=page):
                 result = fixture.run([man, "-w", *page.split()])
                 self.assertEqual(result.returncode, 0, tail(result))
