@@ -1,6 +1,7 @@
 /* The pinshim command: runs a program with libpinshim.so preloaded.
  *   pinshim [options] [--] COMMAND [ARGS...]
- *   pinshim report [--all] [--json] FILES...
+ *   pinshim report [--all] [--json] [--prune] FILES...
+ *   pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]
  * Options map one-to-one to the PINSHIM_* variables and are checked by the same
  * parser as the environment (options.c). */
 #include "options.h"
@@ -27,9 +28,11 @@
 #define PINSHIM_SOURCE_SCRIPTS ""
 #endif
 
-static const char usage_line[] = "usage: pinshim [OPTION...] [--print-env] [--] COMMAND [ARGS...]\n"
-                                 "       pinshim report [--all] [--json] FILES...\n"
-                                 "       pinshim --help | --version\n";
+static const char usage_line[] =
+    "usage: pinshim [OPTION...] [--print-env] [--] COMMAND [ARGS...]\n"
+    "       pinshim report [--all] [--json] [--prune] FILES...\n"
+    "       pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]\n"
+    "       pinshim --help | --version\n";
 
 static void print_help(void)
 {
@@ -44,9 +47,13 @@ static void print_help(void)
     options_write_help(STDOUT_FILENO);
     fputs("  --print-env            print the variables that would be set, run nothing\n"
           "  --help, --version      this text; the version\n\n"
-          "Subcommands:\n"
-          "  report [--all] [--json] FILES\n"
-          "                         merge per-process JSON stats (PINSHIM_STATS=dir/%h.%p.json)\n",
+          "Subcommands (a COMMAND named report or top runs after --):\n"
+          "  report [--all] [--json] [--prune] FILES\n"
+          "                         merge per-process JSON stats (PINSHIM_STATS=dir/%h.%p.json)\n"
+          "                         and live records, also of killed processes\n"
+          "  top [--once] [--bytes] [--interval SECONDS] [DIR...]\n"
+          "                         the processes running with the shim now, from their live\n"
+          "                         records, refreshed every second\n",
           stdout);
 }
 
@@ -175,21 +182,24 @@ static void check_target(const char *command)
                 path);
 }
 
-static int run_report(int argc, char **argv)
+/* A subcommand: runs the Python script name (pinshim-report, pinshim-top)
+ * from next to this program (installed), else from the source tree's scripts
+ * (a build tree), with the arguments after the subcommand's name. */
+static int run_script(const char *name, const char *purpose, int argc, char **argv)
 {
     char script[PATH_MAX];
     char directory[PATH_MAX / 2];
     bool found = false;
     if (exe_directory(directory, sizeof(directory))) {
-        snprintf(script, sizeof(script), "%s/pinshim-report", directory);
+        snprintf(script, sizeof(script), "%s/%s", directory, name);
         found = file_exists(script);
     }
     if (!found && PINSHIM_SOURCE_SCRIPTS[0] != '\0') {
-        snprintf(script, sizeof(script), "%s/pinshim-report", PINSHIM_SOURCE_SCRIPTS);
+        snprintf(script, sizeof(script), "%s/%s", PINSHIM_SOURCE_SCRIPTS, name);
         found = file_exists(script);
     }
     if (!found) {
-        fprintf(stderr, "pinshim: pinshim-report is not installed next to pinshim\n");
+        fprintf(stderr, "pinshim: %s is not installed next to pinshim\n", name);
         return 2;
     }
     char **arguments = calloc((size_t)argc + 2, sizeof(char *));
@@ -200,7 +210,7 @@ static int run_report(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         arguments[i + 1] = argv[i];
     execvp("python3", arguments);
-    fprintf(stderr, "pinshim: cannot run python3 for the report: %s\n", strerror(errno));
+    fprintf(stderr, "pinshim: cannot run python3 for %s: %s\n", purpose, strerror(errno));
     free(arguments);
     return 127;
 }
@@ -214,8 +224,11 @@ int main(int argc, char **argv)
     bool print_env = false;
     int index = 1;
 
+    /* Only as the first argument: "pinshim -- report" runs a program named report. */
     if (argc >= 2 && strcmp(argv[1], "report") == 0)
-        return run_report(argc - 1, argv + 1);
+        return run_script("pinshim-report", "the report", argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "top") == 0)
+        return run_script("pinshim-top", "top", argc - 1, argv + 1);
 
     for (; index < argc; index++) {
         const char *argument = argv[index];

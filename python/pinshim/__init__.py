@@ -38,7 +38,7 @@ __all__ = [
 __version__ = "0.2.0"
 
 # Where meson-python puts what the build installs to libdir: the library, the
-# pinshim command and pinshim-report, side by side (see meson.build).
+# pinshim command, pinshim-report and pinshim-top, side by side (see meson.build).
 _PRIVATE_DIR = ".pinshim.mesonpy.libs"
 _LIBRARY = "libpinshim.so"
 

@@ -1,8 +1,9 @@
 """The pinshim command of the Python distribution.
 
-``pinshim [options] [--] COMMAND [ARGS...]``, ``python -m pinshim ...`` and
-``pinshim-report`` run the programs the build installed next to the library
-(the C command, which finds that library beside itself, and the report), so
+``pinshim [options] [--] COMMAND [ARGS...]``, ``python -m pinshim ...``,
+``pinshim-report`` and ``pinshim-top`` run the programs the build installed
+next to the library (the C command, which finds that library beside itself,
+the report and top), so
 the options, the environment they set, exit statuses and signals are those of
 ``pinshim(1)``. This launcher only replaces itself with them.
 """
@@ -24,28 +25,41 @@ def _exec(path: str, arguments: List[str]) -> int:
     return 126
 
 
-def report_main(argv: Optional[Sequence[str]] = None) -> int:
-    """``pinshim report ARGS`` and ``pinshim-report ARGS``: merges stats files.
+# The subcommands that are Python scripts: their names as installed.
+_SCRIPTS = {"report": "pinshim-report", "top": "pinshim-top"}
 
-    Runs the report with this Python, so it works in an environment whose
-    interpreter is not the python3 on PATH.
-    """
+
+def _script_main(subcommand: str, argv: Optional[Sequence[str]]) -> int:
+    """Runs a subcommand's script with this Python, so it works in an
+    environment whose interpreter is not the python3 on PATH."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
-        script = _private_file("pinshim-report")
+        script = _private_file(_SCRIPTS[subcommand])
     except FileNotFoundError as error:
         print(f"pinshim: {error}", file=sys.stderr)
         return 127
     if not sys.executable:  # embedded: the command runs python3 from PATH
-        return main(["report", *arguments])
+        return main([subcommand, *arguments])
     return _exec(sys.executable, [sys.executable, script, *arguments])
+
+
+def report_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``pinshim report ARGS`` and ``pinshim-report ARGS``: merges stats files
+    and live records."""
+    return _script_main("report", argv)
+
+
+def top_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``pinshim top ARGS`` and ``pinshim-top ARGS``: the running processes'
+    live records."""
+    return _script_main("top", argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``pinshim ARGS``: replaces this process with the pinshim command."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == ["report"] and sys.executable:
-        return report_main(arguments[1:])
+    if arguments[:1] and arguments[0] in _SCRIPTS and sys.executable:
+        return _script_main(arguments[0], arguments[1:])
     try:
         command = _private_file("pinshim")
     except FileNotFoundError as error:

@@ -62,7 +62,8 @@ class HelpAndVersion(unittest.TestCase):
         self.assertTrue(result.stdout.startswith("usage: pinshim "), result.stdout[:200])
         for expected in ("--no-register", "--min-bytes SIZE", "--flags LIST", "--cudart LIB",
                          "--stats[=FILE]", "--stats-all", "--log LEVEL", "--print-env",
-                         "--version", "report [--all] [--json]"):
+                         "--version", "report [--all] [--json] [--prune]",
+                         "top [--once] [--bytes] [--interval SECONDS] [DIR...]"):
             self.assertIn(expected, result.stdout)
         markdown = run(["--help-options-markdown"]).stdout
         variables = re.findall(r"^\| `(PINSHIM_[A-Z_]+)`", markdown, re.MULTILINE)
@@ -74,6 +75,39 @@ class HelpAndVersion(unittest.TestCase):
         result = run(["--version"])
         self.assertEqual(result.returncode, 0)
         self.assertEqual(result.stdout, f"pinshim {os.environ['PINSHIM_VERSION']}\n")
+
+
+class Subcommands(unittest.TestCase):
+    """report and top run the scripts as the first argument only: after --,
+    or after an option, they are the names of programs to run."""
+
+    def test_report_and_top_run_the_scripts(self):
+        for subcommand, script in (("report", "pinshim-report"), ("top", "pinshim-top")):
+            with self.subTest(subcommand=subcommand):
+                result = run([subcommand, "--help"])
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertTrue(result.stdout.startswith(f"usage: {script} "),
+                                result.stdout[:200])
+                result = run([subcommand, "--frobnicate"])
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn(f"usage: {script} ", result.stderr)
+
+    @unittest.skipIf(EMULATOR, foreign("sh"))
+    def test_after_double_dash_they_are_programs(self):
+        with tempfile.TemporaryDirectory() as directory:
+            for name in ("top", "report"):
+                program = os.path.join(directory, name)
+                with open(program, "w", encoding="utf-8") as handle:
+                    handle.write(f'#!/bin/sh\necho "the program {name} ran: $*"\n')
+                os.chmod(program, 0o755)
+            environment = clean_environment(PATH=directory + ":" + os.environ.get("PATH", ""))
+            for arguments, expected in ((["--", "top", "--once"], "the program top ran: --once"),
+                                        (["--log", "quiet", "top"], "the program top ran: "),
+                                        (["--", "report", "x"], "the program report ran: x")):
+                with self.subTest(arguments=arguments):
+                    result = run(arguments, environment)
+                    self.assertEqual(result.returncode, 0, result.stderr)
+                    self.assertEqual(result.stdout, expected + "\n")
 
 
 class SourceCheckoutWrapper(unittest.TestCase):

@@ -88,11 +88,13 @@ class Installed(unittest.TestCase):
     def test_files_are_installed(self):
         for path, executable in ((self.command, True),
                                  (os.path.join(self.bindir, "pinshim-report"), True),
+                                 (os.path.join(self.bindir, "pinshim-top"), True),
                                  (self.library, False),
                                  (os.path.join(self.includedir, "pinshim.h"), False),
                                  (os.path.join(self.libdir, "pkgconfig", "pinshim.pc"), False),
                                  (os.path.join(self.mandir, "man1", "pinshim.1"), False),
                                  (os.path.join(self.mandir, "man1", "pinshim-report.1"), False),
+                                 (os.path.join(self.mandir, "man1", "pinshim-top.1"), False),
                                  (os.path.join(self.mandir, "man7", "pinshim.7"), False)):
             with self.subTest(path=path):
                 self.assertTrue(os.path.isfile(path), f"{path} is not installed")
@@ -162,6 +164,20 @@ class Installed(unittest.TestCase):
             self.assertIn("memtester", table.stdout)
             self.assertRegex(table.stdout, r"(?m)^  slowest +\S+ pid \d+ \(memtester\)")
 
+    def test_installed_top_finds_its_reader(self):
+        """pinshim-top loads pinshim-report from beside itself, in bindir."""
+        with tempfile.TemporaryDirectory() as directory:
+            for command in ([os.path.join(self.bindir, "pinshim-top"), "--once", directory],
+                            [self.command, "top", "--once", directory]):
+                with self.subTest(command=command[0]):
+                    result = subprocess.run(command, env=clean_environment(),
+                                            capture_output=True, text=True, timeout=60)
+                    self.assertEqual(result.returncode, 0, result.stderr)
+                    self.assertEqual(result.stderr, "")
+                    self.assertIn(f"no running process has a live record in {directory}",
+                                  result.stdout)
+            self.assertFalse(os.path.exists(os.path.join(self.bindir, "__pycache__")))
+
     def test_header_compiles(self):
         compiler = shlex.split(os.environ["CC_COMMAND"])
         with tempfile.TemporaryDirectory() as directory:
@@ -219,8 +235,10 @@ class Installed(unittest.TestCase):
         groff = shutil.which("groff")
         if groff is None:
             self.skipTest("groff is not installed (Debian groff-base)")
-        # From the man directory, as man does: pinshim-report.1 is ".so man1/pinshim.1".
-        for page in ("man1/pinshim.1", "man1/pinshim-report.1", "man7/pinshim.7"):
+        # From the man directory, as man does: pinshim-report.1 and pinshim-top.1
+        # are ".so man1/pinshim.1".
+        for page in ("man1/pinshim.1", "man1/pinshim-report.1", "man1/pinshim-top.1",
+                     "man7/pinshim.7"):
             with self.subTest(page=page):
                 result = subprocess.run([groff, "-man", "-Tutf8", "-ww", page], cwd=self.mandir,
                                         capture_output=True, text=True, timeout=60)

@@ -171,7 +171,7 @@ class WithoutTheShim(unittest.TestCase):
         self.assertIn("not installed from the pinshim wheel", str(raised.exception))
 
     def test_launcher_outside_an_installation(self):
-        for arguments in (["--", "true"], ["report", "x.json"]):
+        for arguments in (["--", "true"], ["report", "x.json"], ["top", "--once"]):
             with self.subTest(arguments=arguments):
                 result = subprocess.run([sys.executable, "-m", "pinshim", *arguments],
                                         env=clean_environment(PYTHONPATH=PYTHON_DIR),

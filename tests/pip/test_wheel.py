@@ -338,8 +338,10 @@ class TheWheel(unittest.TestCase):
             f"{PRIVATE}/libpinshim.so": 0o755,
             f"{PRIVATE}/pinshim": 0o755,
             f"{PRIVATE}/pinshim-report": 0o755,
+            f"{PRIVATE}/pinshim-top": 0o755,
             f"{data}/data/share/man/man1/pinshim.1": 0o644,
             f"{data}/data/share/man/man1/pinshim-report.1": 0o644,
+            f"{data}/data/share/man/man1/pinshim-top.1": 0o644,
             f"{data}/data/share/man/man7/pinshim.7": 0o644,
             f"{data}/purelib/pinshim/__init__.py": 0o644,
             f"{data}/purelib/pinshim/__main__.py": 0o644,
@@ -358,21 +360,24 @@ class TheWheel(unittest.TestCase):
                     self.assertEqual((entries[name].external_attr >> 16) & 0o111, mode & 0o111,
                                      f"{name}: mode {entries[name].external_attr >> 16:o}")
             for name, source in ((f"{PRIVATE}/pinshim-report", "scripts/pinshim-report"),
+                                 (f"{PRIVATE}/pinshim-top", "scripts/pinshim-top"),
                                  (f"{data}/data/share/man/man1/pinshim.1", "man/pinshim.1")):
                 with self.subTest(file=name), open(os.path.join(SOURCE_ROOT, source), "rb") as f:
                     self.assertEqual(wheel.read(name), f.read(), f"{name} is not {source}")
             entry_points = wheel.read(f"pinshim-{VERSION}.dist-info/entry_points.txt").decode()
             self.assertIn("pinshim = pinshim.__main__:main", entry_points)
             self.assertIn("pinshim-report = pinshim.__main__:report_main", entry_points)
+            self.assertIn("pinshim-top = pinshim.__main__:top_main", entry_points)
 
 
 class Installed(unittest.TestCase):
     def test_files_are_in_the_environment(self):
-        for path in ("bin/pinshim", "bin/pinshim-report", "share/man/man1/pinshim.1",
-                     "share/man/man1/pinshim-report.1", "share/man/man7/pinshim.7"):
+        for path in ("bin/pinshim", "bin/pinshim-report", "bin/pinshim-top",
+                     "share/man/man1/pinshim.1", "share/man/man1/pinshim-report.1",
+                     "share/man/man1/pinshim-top.1", "share/man/man7/pinshim.7"):
             with self.subTest(path=path):
                 self.assertTrue(os.path.isfile(os.path.join(fixture.venv, path)), path)
-        for name in ("libpinshim.so", "pinshim", "pinshim-report"):
+        for name in ("libpinshim.so", "pinshim", "pinshim-report", "pinshim-top"):
             with self.subTest(name=name):
                 self.assertTrue(os.access(os.path.join(fixture.site_packages, PRIVATE, name),
                                           os.X_OK))
@@ -464,15 +469,26 @@ class Installed(unittest.TestCase):
         table = fixture.run(["pinshim", "report", stats_dir])
         self.assertEqual(table.returncode, 0, tail(table))
         self.assertIn("registered     2 registrations, 8.0 MiB", table.stdout)
-        self.assertIn("1 (4.0 MiB)", table.stdout)  # live at exit
+        self.assertIn("1 (4.0 MiB)", table.stdout)  # live at end
+        # The program has ended (and removed its live record): top shows none.
+        for command in (["pinshim", "top", "--once", stats_dir],
+                        ["pinshim-top", "--once", stats_dir],
+                        [fixture.python, "-m", "pinshim", "top", "--once", stats_dir]):
+            with self.subTest(command=command[:3]):
+                top = fixture.run(command)
+                self.assertEqual(top.returncode, 0, tail(top))
+                self.assertIn(f"no running process has a live record in {stats_dir}",
+                              top.stdout)
 
     def test_man_finds_the_pages(self):
         man = shutil.which("man")
         if man is None:
             self.skipTest("man is not installed")
-        # pinshim-report.1 is ".so man1/pinshim.1": man -w may name either.
+        # pinshim-report.1 and pinshim-top.1 are ".so man1/pinshim.1": man -w
+        # may name either.
         for page, expected in (("pinshim", ["pinshim.1"]), ("7 pinshim", ["../man7/pinshim.7"]),
-                               ("pinshim-report", ["pinshim-report.1", "pinshim.1"])):
+                               ("pinshim-report", ["pinshim-report.1", "pinshim.1"]),
+                               ("pinshim-top", ["pinshim-top.1", "pinshim.1"])):
             with self.subTest(page=page):
                 result = fixture.run([man, "-w", *page.split()])
                 self.assertEqual(result.returncode, 0, tail(result))

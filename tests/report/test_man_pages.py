@@ -205,8 +205,12 @@ class Coverage(unittest.TestCase):
         for variable in re.findall(r"env (PINSHIM_[A-Z_]+);", help_text):
             with self.subTest(variable=variable):
                 self.assertTrue(variable in self.section1, f"pinshim.1 lacks {variable}")
-        self.assertTrue("pinshim report [--all] [--json] FILE..." in self.section1,
-                        "pinshim.1 lacks the report synopsis")
+        # The same synopses as the usage of pinshim --help (which says FILES).
+        for synopsis in ("pinshim report [--all] [--json] [--prune] FILE...",
+                         "pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]"):
+            with self.subTest(synopsis=synopsis):
+                self.assertTrue(synopsis in self.section1, f"pinshim.1 lacks {synopsis}")
+                self.assertIn(synopsis.replace("FILE...", "FILES..."), help_text)
 
     def test_version_in_title_lines(self):
         version = os.environ["PINSHIM_VERSION"]
@@ -215,9 +219,11 @@ class Coverage(unittest.TestCase):
                 self.assertTrue(f"pinshim {version}" in text,
                                 f"{name} does not say pinshim {version}")
 
-    def test_report_page_points_to_pinshim_1(self):
-        with open(os.path.join(MAN_DIR, "pinshim-report.1"), encoding="utf-8") as handle:
-            self.assertEqual(handle.read(), ".so man1/pinshim.1\n")
+    def test_report_and_top_pages_point_to_pinshim_1(self):
+        for page in ("pinshim-report.1", "pinshim-top.1"):
+            with self.subTest(page=page), open(os.path.join(MAN_DIR, page),
+                                               encoding="utf-8") as handle:
+                self.assertEqual(handle.read(), ".so man1/pinshim.1\n")
 
 
 class StatisticsKeys(unittest.TestCase):

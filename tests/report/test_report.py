@@ -143,21 +143,25 @@ class Text(ReportCase):
                          "3 failures (2 registering, 1 unregistering): "
                          "cudaErrorInvalidValue 1, cudaErrorMemoryAllocation 2")
         self.assertEqual(totals["slowest"], "node1 pid 101 (train), 500.000 ms registering")
-        self.assertEqual(totals["live at exit"], "2 (1.1 MiB)")
+        self.assertEqual(totals["live at end"], "2 (1.1 MiB)")
+        self.assertEqual(totals["ended"], "3 exited")
         self.assertEqual(totals["by host"],
                          "node1: 2 processes, 5 registrations, 5.0 MiB, 0 failures\n"
                          "node2: 1 process, 1 registration, 64.0 KiB, 3 failures")
         # No optional key in these documents: no line for them.
-        for label in ("device 0", "deferred", "contexts", "time", "warnings"):
+        for label in ("device 0", "deferred", "contexts", "time", "warnings", "read-only",
+                      "left out"):
             self.assertNotIn(label, totals)
         header = lines[lines.index("") + 1]
-        self.assertEqual(header.split()[:5], ["host", "pid", "exe", "locks", "registrations"])
+        self.assertEqual(header.split()[:6],
+                         ["host", "pid", "exe", "ended", "locks", "registrations"])
+        self.assertIn("live at end", header)
         rows = table_rows(result.stdout)
         self.assertEqual([row[1] for row in rows], ["100", "101", "200"])
-        self.assertEqual(rows[0], ["node1", "100", "train", "5", "3", "3.0 MiB", "0",
+        self.assertEqual(rows[0], ["node1", "100", "train", "exit", "5", "3", "3.0 MiB", "0",
                                    "0.250 ms", "1 (1.0 MiB)", "-"])
-        self.assertEqual(rows[1][5:9], ["2.0 MiB", "0", "500.000 ms", "0 (0 B)"])
-        self.assertEqual(rows[2][:3] + rows[2][5:7], ["node2", "200", "loader", "64.0 KiB", "3"])
+        self.assertEqual(rows[1][6:10], ["2.0 MiB", "0", "500.000 ms", "0 (0 B)"])
+        self.assertEqual(rows[2][:3] + rows[2][6:8], ["node2", "200", "loader", "64.0 KiB", "3"])
         self.assertEqual(rows[2][-1], "cudaErrorInvalidValue 1, cudaErrorMemoryAllocation 2")
 
     def test_only_processes_that_did_something_unless_all(self):
@@ -352,7 +356,7 @@ class Json(ReportCase):
         document = json.loads(result.stdout)
         self.assertEqual(list(document)[:2], ["pinshim_report", "totals"])
         self.assertEqual(list(document).index("processes"), len(document) - 3)
-        self.assertEqual(document["pinshim_report"], 2)
+        self.assertEqual(document["pinshim_report"], 3)
         self.assertEqual(document["files_read"], 4)
         self.assertEqual(document["skipped"], [])
         self.assertIs(document["all_processes"], False)
@@ -472,7 +476,8 @@ class BadFiles(ReportCase):
         missing = os.path.join(self.directory, "missing.json")
         result = run_report(empty, missing)
         self.assertEqual(result.returncode, 1)
-        self.assertIn(f"pinshim-report: {empty}: no *.json files in this directory; skipped",
+        self.assertIn(f"pinshim-report: {empty}: no *.json or *.live files in this directory; "
+                      "skipped",
                       result.stderr)
         self.assertIn(f"pinshim-report: {missing}: No such file or directory; skipped",
                       result.stderr)
@@ -505,7 +510,7 @@ class Usage(ReportCase):
     def test_help(self):
         result = run_report("--help")
         self.assertEqual(result.returncode, 0)
-        self.assertIn("usage: pinshim-report [-h] [--all] [--json] FILE [FILE ...]",
+        self.assertIn("usage: pinshim-report [-h] [--all] [--json] [--prune] FILE [FILE ...]",
                       result.stdout)
         self.assertIn("exit status", result.stdout)
 

@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""pinshim-top on live records written by live_record_writer.py: --once with
+running, killed and other hosts' records (MiB and --bytes), the order of the
+rows, the default directories (XDG_RUNTIME_DIR, /tmp/pinshim-UID,
+PINSHIM_LIVE, PINSHIM_STATS), refreshing into a pipe and on a terminal until
+Ctrl-C, usage errors, and pinshim top through the C command.
+
+Environment (set by meson): PINSHIM_TOP (the script in the source tree),
+PINSHIM_CLI (the pinshim command of the build tree).
+"""
+
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import live_record_writer as writer  # noqa: E402
+
+TOP = os.environ.get("PINSHIM_TOP", "")
+HOST = socket.gethostname()
+HEADING = ["host", "pid", "program", "state", "registered MiB", "ranges", "pending", "queued",
+           "failures", "last change"]
+
+
+def clean_environment(**extra):
+    environment = {name: value for name, value in os.environ.items()
+                   if not name.startswith("PINSHIM_") and name not in ("LD_PRELOAD",
+                                                                       "XDG_RUNTIME_DIR")}
+    environment.update(extra)
+    return environment
+
+
+def run_top(*arguments, command=None, environment=None):
+    result = subprocess.run(command or [sys.executable, TOP, *arguments],
+                            env=environment or clean_environment(), capture_output=True,
+                            text=True, timeout=60)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout, result.stdout
+    return result
+
+
+def cells(line):
+    return re.split(r"\s{2,}", line.strip())
+
+
+def table(stdout):
+    """(title, [rows of cells]) of one --once output."""
+    lines = stdout.splitlines()
+    title = lines[0]
+    if len(lines) > 1 and lines[1].startswith("no running process"):
+        return title, []
+    assert cells(lines[1])[:4] == HEADING[:4], lines[1]
+    return title, [cells(line) for line in lines[2:]]
+
+
+class TopCase(unittest.TestCase):
+    def setUp(self):
+        self.temporary = tempfile.TemporaryDirectory(prefix="pinshim-top-")
+        self.directory = self.temporary.name
+        self.children = []
+
+    def tearDown(self):
+        for child in self.children:
+            child.kill()
+            child.wait()
+        self.temporary.cleanup()
+
+    def running_child(self):
+        child = subprocess.Popen(["sleep", "300"])
+        self.children.append(child)
+        return child.pid, writer.start_ticks(child.pid)
+
+    def write_running(self, directory=None, name=None, live_bytes=64 << 20, **options):
+        pid, ticks = self.running_child()
+        path = os.path.join(directory or self.directory, name or f"{HOST}.{pid}.live")
+        values = writer.busy_values(live_bytes=live_bytes, **options.pop("values", {}))
+        writer.write_record(path, values, pid=pid, ticks=ticks, **options)
+        return pid
+
+    def write_killed(self, directory=None):
+        child = subprocess.Popen(["true"])
+        child.wait()
+        path = os.path.join(directory or self.directory, f"{HOST}.{child.pid}.live")
+        writer.write_record(path, writer.busy_values(live_bytes=512 << 20), pid=child.pid,
+                            ticks=1)
+        return child.pid
+
+
+class Once(TopCase):
+    def test_running_shown_killed_not_in_mib_and_bytes(self):
+        pid = self.write_running(values={"last_change": time.time() - 150,
+                                         "deferred.pending_ranges_at_exit": 1,
+                                         "thread.queued_at_exit": 2, "register.failed": 1,
+                                         "unregister.failed": 2},
+                                 live_bytes=(64 << 20) + (1 << 19))
+        self.write_killed()
+        result = run_top("--once", self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "")
+        title, rows = table(result.stdout)
+        self.assertTrue(title.startswith("pinshim top  "), title)
+        self.assertIn("1 process running", title)
+        self.assertIn(f"(records in {self.directory})", title)
+        self.assertEqual(cells(result.stdout.splitlines()[1]), HEADING)
+        self.assertEqual(rows, [[HOST, str(pid), "train", "running", "64.5", "2", "1", "2", "3",
+                                 "2 min ago"]])
+        result = run_top("--once", "--bytes", self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        heading = cells(result.stdout.splitlines()[1])
+        self.assertEqual(heading[4], "registered bytes")
+        _, rows = table(result.stdout)
+        self.assertEqual(rows[0][4], str((64 << 20) + (1 << 19)))
+
+    def test_nothing_running(self):
+        self.write_killed()
+        result = run_top("--once", self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertEqual(len(lines), 2, result.stdout)
+        self.assertIn("0 processes running", lines[0])
+        self.assertEqual(lines[1], f"no running process has a live record in {self.directory}")
+
+    def test_most_bytes_first_other_hosts_unknown_forks_named(self):
+        small = self.write_running(live_bytes=1 << 20, values={"last_change": 0})
+        big = self.write_running(live_bytes=3 << 30, fork_child=True, exe="/opt/bin/worker",
+                                 values={"last_change": time.time() - 3})
+        writer.write_record(os.path.join(self.directory, "elsewhere.live"),
+                            writer.busy_values(live_bytes=2 << 20), host="node9.example",
+                            pid=4242, ticks=1)
+        exiting = self.write_running(live_bytes=0, state=writer.EXITING)
+        writer.write_record(os.path.join(self.directory, "exec.live"), writer.busy_values(),
+                            state=writer.REPLACED, ended_by="exec", ticks=1)
+        with open(os.path.join(self.directory, "bad.live"), "wb") as handle:
+            handle.write(b"PSHM")
+        result = run_top("--once", self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        title, rows = table(result.stdout)
+        self.assertIn("3 processes running, 1 unknown (other hosts), 1 unreadable record",
+                      title)
+        self.assertEqual([(row[1], row[2], row[3], row[4]) for row in rows],
+                         [(str(big), "worker (fork)", "running", "3072.0"),
+                          ("4242", "train", "unknown", "2.0"),
+                          (str(small), "train", "running", "1.0"),
+                          (str(exiting), "train", "exiting", "0.0")])
+        self.assertEqual(rows[0][-1], "3 s ago")
+        self.assertEqual(rows[2][-1], "-")
+
+    def test_several_directories(self):
+        other = os.path.join(self.directory, "other")
+        os.mkdir(other)
+        first = self.write_running()
+        second = self.write_running(directory=other)
+        result = run_top("--once", self.directory, other)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        title, rows = table(result.stdout)
+        self.assertIn(f"(records in {self.directory}, {other})", title)
+        self.assertEqual(sorted(int(row[1]) for row in rows), sorted([first, second]))
+
+
+class DefaultDirectories(TopCase):
+    def titled_directories(self, environment):
+        result = run_top("--once", environment=environment)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        title = result.stdout.splitlines()[0]
+        return title[title.index("(records in ") + len("(records in "):-1].split(", "), result
+
+    def test_xdg_runtime_dir_of_ones_own(self):
+        runtime = os.path.join(self.directory, "run")
+        os.mkdir(runtime, 0o700)
+        records = os.path.join(runtime, "pinshim")
+        os.mkdir(records, 0o700)
+        pid = self.write_running(directory=records)
+        directories, result = self.titled_directories(clean_environment(XDG_RUNTIME_DIR=runtime))
+        self.assertEqual(directories, [records])
+        self.assertEqual([int(row[1]) for row in table(result.stdout)[1]], [pid])
+
+    def test_otherwise_tmp_pinshim_uid(self):
+        fallback = f"/tmp/pinshim-{os.getuid()}"
+        not_ours = os.path.join(self.directory, "not_ours")
+        os.mkdir(not_ours)
+        if os.geteuid() == 0:
+            os.chown(not_ours, 65534, 65534)
+        else:
+            not_ours = "/"  # root's
+        cases = {"unset": clean_environment(),
+                 "relative": clean_environment(XDG_RUNTIME_DIR="run/user"),
+                 "missing": clean_environment(XDG_RUNTIME_DIR=os.path.join(self.directory, "no")),
+                 "a file": clean_environment(XDG_RUNTIME_DIR=TOP),
+                 "not ours": clean_environment(XDG_RUNTIME_DIR=not_ours)}
+        for name, environment in cases.items():
+            with self.subTest(case=name):
+                directories, _ = self.titled_directories(environment)
+                self.assertEqual(directories, [fallback])
+
+    def test_pinshim_live_and_the_stats_directory(self):
+        live = os.path.join(self.directory, "live")
+        stats = os.path.join(self.directory, f"stats-{HOST}")
+        os.mkdir(live)
+        os.mkdir(stats)
+        first = self.write_running(directory=live)
+        second = self.write_running(directory=stats, name=f"stats.{HOST}.1.json.live")
+        template = os.path.join(self.directory, "stats-%h", "stats.%h.%p.json")
+        directories, result = self.titled_directories(clean_environment(
+            PINSHIM_LIVE=live, PINSHIM_STATS=template, XDG_RUNTIME_DIR=self.directory))
+        self.assertEqual(directories, [live, stats])
+        self.assertEqual(sorted(int(row[1]) for row in table(result.stdout)[1]),
+                         sorted([first, second]))
+        # PINSHIM_LIVE that is no directory (off, auto): the runtime directory;
+        # PINSHIM_STATS that is no file (1, stderr) or whose directory has %p:
+        # nothing more.
+        runtime = os.path.join(self.directory, "pinshim")
+        for live_value, stats_value in (("off", "1"), ("auto", "stderr"),
+                                        ("", os.path.join(self.directory, "%p", "s.json"))):
+            with self.subTest(live=live_value, stats=stats_value):
+                directories, _ = self.titled_directories(clean_environment(
+                    PINSHIM_LIVE=live_value, PINSHIM_STATS=stats_value,
+                    XDG_RUNTIME_DIR=self.directory))
+                self.assertEqual(directories, [runtime])
+        # A relative template: its directory as given.
+        directories, _ = self.titled_directories(clean_environment(
+            PINSHIM_STATS="stats.%p.json", XDG_RUNTIME_DIR=self.directory))
+        self.assertEqual(directories, [runtime, "."])
+
+
+class Refresh(TopCase):
+    def read_until(self, stream_fd, predicate, what):
+        """Reads from a file descriptor until predicate(text) holds."""
+        text = b""
+        deadline = time.monotonic() + 60  # a limit for a broken run, not a measurement
+        while not predicate(text.decode(errors="replace")):
+            remaining = deadline - time.monotonic()
+            self.assertGreater(remaining, 0, f"no {what} in: {text[-2000:]!r}")
+            ready, _, _ = select.select([stream_fd], [], [], remaining)
+            if ready:
+                try:
+                    chunk = os.read(stream_fd, 65536)
+                except OSError:  # a pty whose other side closed
+                    chunk = b""
+                self.assertTrue(chunk, f"output ended before {what}: {text[-2000:]!r}")
+                text += chunk
+        return text.decode(errors="replace")
+
+    def test_into_a_pipe_one_table_after_the_other_until_ctrl_c(self):
+        pid = self.write_running()
+        process = subprocess.Popen([sys.executable, TOP, "--interval", "0.05", self.directory],
+                                   env=clean_environment(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+        try:
+            text = self.read_until(process.stdout.fileno(),
+                                   lambda text: text.count("pinshim top  ") >= 3, "3 tables")
+        finally:
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=60)
+        self.assertEqual(process.returncode, 0, stderr)
+        self.assertEqual(stderr, b"")
+        self.assertNotIn("\033[", text)
+        blocks = text.split("\n\n")
+        for block in blocks[:2]:  # the last may be cut
+            lines = block.splitlines()
+            self.assertTrue(lines[0].startswith("pinshim top  "), block)
+            self.assertEqual(cells(lines[1]), HEADING)
+            self.assertEqual(cells(lines[2])[1], str(pid))
+
+    def test_on_a_terminal_in_place(self):
+        self.write_running()
+        leader, follower = pty.openpty()
+        process = subprocess.Popen([sys.executable, TOP, "--interval", "0.05", self.directory],
+                                   env=clean_environment(), stdout=follower,
+                                   stderr=subprocess.PIPE)
+        os.close(follower)
+        try:
+            text = self.read_until(leader, lambda text: text.count("\033[H\033[2J") >= 2,
+                                   "2 redraws")
+        finally:
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=60)
+            os.close(leader)
+        self.assertEqual(process.returncode, 0, stderr)
+        self.assertEqual(stderr, b"")
+        self.assertTrue(text.startswith("\033[H\033[2Jpinshim top  "), text[:200])
+
+
+class Usage(TopCase):
+    def test_usage_errors_exit_2(self):
+        missing = os.path.join(self.directory, "missing")
+        cases = {("--interval", "0"): "--interval",
+                 ("--interval", "soon"): "'soon' is not a number of seconds",
+                 ("--frobnicate",): "unrecognized arguments",
+                 (missing,): f"{missing}: no such directory",
+                 (TOP,): f"{TOP}: not a directory"}
+        for arguments, message in cases.items():
+            with self.subTest(arguments=arguments):
+                result = run_top("--once", *arguments)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn("usage: pinshim-top", result.stderr)
+                self.assertIn(message, result.stderr)
+                self.assertEqual(result.stdout, "")
+
+    def test_help(self):
+        result = run_top("--help")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("usage: pinshim-top [-h] [--once] [--bytes] [--interval SECONDS] "
+                      "[DIR ...]", result.stdout)
+        self.assertIn("exit status", result.stdout)
+
+    def test_without_pinshim_report_beside_it(self):
+        alone = os.path.join(self.directory, "pinshim-top")
+        shutil.copy(TOP, alone)
+        result = run_top(command=[sys.executable, alone, "--once", self.directory])
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("pinshim-report is not installed next to pinshim-top", result.stderr)
+
+    def test_no_bytecode_beside_the_scripts(self):
+        copy = os.path.join(self.directory, "bin")
+        os.mkdir(copy)
+        for name in ("pinshim-top", "pinshim-report"):
+            shutil.copy(os.path.join(os.path.dirname(TOP), name), copy)
+        result = run_top(command=[sys.executable, os.path.join(copy, "pinshim-top"), "--once",
+                                  self.directory])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(sorted(os.listdir(copy)), ["pinshim-report", "pinshim-top"])
+
+
+class ThroughTheCommand(TopCase):
+    def test_pinshim_top_runs_the_script(self):
+        self.write_running()
+        self.write_killed()
+        cli = os.environ["PINSHIM_CLI"]
+        direct = run_top("--once", "--bytes", self.directory)
+        through = run_top(command=[cli, "top", "--once", "--bytes", self.directory])
+        self.assertEqual(through.returncode, 0, through.stderr)
+        self.assertEqual(through.stderr, "")
+        # The title has the time; the table is the same.
+        self.assertEqual(through.stdout.splitlines()[1:], direct.stdout.splitlines()[1:])
+        self.assertEqual(len(table(through.stdout)[1]), 1)
+        usage = run_top(command=[cli, "top", "--interval", "-1"])
+        self.assertEqual(usage.returncode, 2, usage.stderr)
+        self.assertIn("usage: pinshim-top", usage.stderr)
+
+
+if __name__ == "__main__":
+    if not TOP:
+        print("PINSHIM_TOP is not set (run through meson test)")
+        sys.exit(1)
+    unittest.main(verbosity=2)
