@@ -94,7 +94,8 @@ def default_layout():
 def record_bytes(values=None, devices=(), errors=(), *, state=RUNNING, pid=None,
                  ticks=None, host=None, boot=None, ended_by="", exe="/usr/bin/train",
                  fork_child=False, created_ns=None, ended_ns=0, order="<", version=1,
-                 magic=MAGIC, byte_order=BYTE_ORDER, extra_fields=(), header_padding=8):
+                 magic=MAGIC, byte_order=BYTE_ORDER, extra_fields=(), header_padding=8,
+                 stats_path=""):
     """A whole record. values: {field name: value} (seconds for the
     nanosecond fields, seconds since the epoch for the time ones);
     devices: [(device, registrations, bytes)]; errors: [(code, count, name)];
@@ -121,7 +122,7 @@ def record_bytes(values=None, devices=(), errors=(), *, state=RUNNING, pid=None,
         "ended_ns": ended_ns, "fork_child": 1 if fork_child else 0, "reserved": 0,
         "ended_by": ended_by.encode(), "boot_id": (boot_id() if boot is None else boot).encode(),
         "version_text": b"0.2.0", "context_mode": b"program", "host": host.encode(),
-        "exe": exe.encode(), "stats_path": b"",
+        "exe": exe.encode(), "stats_path": stats_path.encode(),
     }
     for name, (offset, code) in HEADER_OFFSETS.items():
         struct.pack_into(order + code, buffer, offset, header[name])

@@ -234,6 +234,48 @@ class EndedBy(LiveCase):
         self.assertEqual(row["errors"], {"cudaErrorMemoryAllocation": 1})
 
 
+class RuntimeDirectory(LiveCase):
+    """A job's processes keep their records in the per-user runtime
+    directory (the default); the report of the job's directory reads those
+    that would have written their statistics there, and no others."""
+
+    def test_the_jobs_records_from_the_runtime_directory(self):
+        runtime = self.path("run")
+        records = os.path.join(runtime, "pinshim")
+        job = self.path("job")
+        other = self.path("other-job")
+        for directory in (runtime, records, job, other):
+            os.mkdir(directory, 0o700)
+        killed = gone_pid()
+        writer.write_record(os.path.join(records, f"{HOST}.{killed}.live"),
+                            writer.busy_values(), pid=killed, ticks=1,
+                            stats_path=os.path.join(job, f"stats.{HOST}.{killed}.json"))
+        writer.write_record(os.path.join(records, f"{HOST}.{killed + 1}.live"),
+                            writer.busy_values(), pid=killed + 1, ticks=1,
+                            stats_path=os.path.join(other, "stats.json"))
+        writer.write_record(os.path.join(records, f"{HOST}.{killed + 2}.live"),
+                            writer.busy_values(), pid=killed + 2, ticks=1)
+        with open(os.path.join(records, "not-a-record.live"), "wb") as handle:
+            handle.write(b"junk")
+        write_json(os.path.join(job, "stats.json"), stats_document(killed + 3, host=HOST))
+        environment = dict(os.environ, XDG_RUNTIME_DIR=runtime)
+        result = subprocess.run([sys.executable, REPORT, "--json", "--all", job],
+                                capture_output=True, text=True, timeout=60, env=environment)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "", "records of other jobs are passed over silently")
+        document = json.loads(result.stdout)
+        self.assertEqual(sorted((row["pid"], row["source"], row["job"])
+                                for row in document["processes"]),
+                         [(killed, "live", job), (killed + 3, "json", job)])
+        self.assertEqual(document["totals"]["ended"], {"exit": 1, "killed": 1})
+        # Only the files named, when asked.
+        result = subprocess.run([sys.executable, REPORT, "--json", "--all",
+                                 "--no-runtime-records", job],
+                                capture_output=True, text=True, timeout=60, env=environment)
+        self.assertEqual([row["pid"] for row in json.loads(result.stdout)["processes"]],
+                         [killed + 3])
+
+
 class Merge(LiveCase):
     def test_json_written_after_the_record_counts_alone(self):
         """Killed after writing its JSON (or its record could not go): one row."""

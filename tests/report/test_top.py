@@ -184,8 +184,9 @@ class DefaultDirectories(TopCase):
         self.assertEqual(directories, [records])
         self.assertEqual([int(row[1]) for row in table(result.stdout)[1]], [pid])
 
-    def test_otherwise_tmp_pinshim_uid(self):
-        fallback = f"/tmp/pinshim-{os.getuid()}"
+    def test_otherwise_dev_shm_or_tmp_pinshim_uid(self):
+        fallback = (f"/dev/shm/pinshim-{os.getuid()}" if os.path.isdir("/dev/shm")
+                    else f"/tmp/pinshim-{os.getuid()}")
         not_ours = os.path.join(self.directory, "not_ours")
         os.mkdir(not_ours)
         if os.geteuid() == 0:
