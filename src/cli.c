@@ -1,6 +1,6 @@
 /* The pinshim command: runs a program with libpinshim.so preloaded.
  *   pinshim [options] [--] COMMAND [ARGS...]
- *   pinshim report [--all] [--json] [--prune] FILES...
+ *   pinshim report [--all] [--json] [--prune] [--no-runtime-records] FILES...
  *   pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]
  * Options map one-to-one to the PINSHIM_* variables and are checked by the same
  * parser as the environment (options.c). */
@@ -30,7 +30,7 @@
 
 static const char usage_line[] =
     "usage: pinshim [OPTION...] [--print-env] [--] COMMAND [ARGS...]\n"
-    "       pinshim report [--all] [--json] [--prune] FILES...\n"
+    "       pinshim report [--all] [--json] [--prune] [--no-runtime-records] FILES...\n"
     "       pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]\n"
     "       pinshim --help | --version\n";
 
@@ -48,7 +48,7 @@ static void print_help(void)
     fputs("  --print-env            print the variables that would be set, run nothing\n"
           "  --help, --version      this text; the version\n\n"
           "Subcommands (a COMMAND named report or top runs after --):\n"
-          "  report [--all] [--json] [--prune] FILES\n"
+          "  report [--all] [--json] [--prune] [--no-runtime-records] FILES\n"
           "                         merge per-process JSON stats (PINSHIM_STATS=dir/%h.%p.json)\n"
           "                         and live records, also of killed processes\n"
           "  top [--once] [--bytes] [--interval SECONDS] [DIR...]\n"

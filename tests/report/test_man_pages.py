@@ -206,7 +206,7 @@ class Coverage(unittest.TestCase):
             with self.subTest(variable=variable):
                 self.assertTrue(variable in self.section1, f"pinshim.1 lacks {variable}")
         # The same synopses as the usage of pinshim --help (which says FILES).
-        for synopsis in ("pinshim report [--all] [--json] [--prune] FILE...",
+        for synopsis in ("pinshim report [--all] [--json] [--prune] [--no-runtime-records] FILE...",
                          "pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]"):
             with self.subTest(synopsis=synopsis):
                 self.assertTrue(synopsis in self.section1, f"pinshim.1 lacks {synopsis}")
