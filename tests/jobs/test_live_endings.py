@@ -138,11 +138,15 @@ class PoolExit(JobCase):
         self.assertEqual(totals["live_ranges"], seen, totals)
         by_pid = {row["pid"]: row for row in document["processes"]}
         self.assertTrue(workers <= set(by_pid), (sorted(workers), sorted(by_pid)))
+        # terminate() sends SIGTERM to workers waiting for tasks; a worker
+        # that has already seen the end of its queue leaves by itself first
+        # (sys.exit in spawn's, os._exit in fork's). Either way it counts.
         for pid in workers:
             with self.subTest(pid=pid):
-                self.assertEqual(by_pid[pid]["ended_by"], "killed", by_pid[pid])
-                self.assertEqual(by_pid[pid]["source"], "live", by_pid[pid])
-        self.assertEqual(totals["ended"], {"killed": len(by_pid)}, totals)
+                row = by_pid[pid]
+                self.assertIn((row["ended_by"], row["source"]),
+                              {("killed", "live"), ("exit", "json"), ("_exit", "json")}, row)
+        self.assertEqual(sum(totals["ended"].values()), len(by_pid), totals)
 
     def test_spawn_pool(self):
         """The issue's one: 6 registrations, the report found 0."""
