@@ -1,8 +1,9 @@
 /* lock_latency: how long the PROGRAM waits inside mlock() under the shim when
- * registration is synchronous (PINSHIM_ASYNC=off: cudaHostRegister runs
- * inside the lock call) and when it is asynchronous (PINSHIM_ASYNC=on, the
- * default: the lock call returns once the kernel has locked the pages and a
- * shim thread registers them), and how long until the range is registered
+ * registration is synchronous (PINSHIM_ASYNC=off, the default since issue 17:
+ * cudaHostRegister runs inside the lock call, so the buffer is pinned when
+ * mlock returns) and when it is asynchronous (PINSHIM_ASYNC=on: the lock call
+ * returns once the kernel has locked the pages and a shim thread registers
+ * them), and how long until the range is registered
  * (pinshim_drain() returns). A third arm runs without the shim: the kernel's
  * own mlock time, for reference.
  *
