@@ -18,7 +18,7 @@ extern "C" {
 #define PINSHIM_VERSION_MAJOR 0
 #define PINSHIM_VERSION_MINOR 2
 #define PINSHIM_VERSION_PATCH 0
-#define PINSHIM_VERSION_STRING "0.2.0"
+#define PINSHIM_VERSION_STRING "0.3.0"
 
 #if defined(__GNUC__)
 #define PINSHIM_API __attribute__((visibility("default")))
@@ -62,7 +62,7 @@ struct pinshim_counters {
     uint64_t unregister_mprotect; /* read-only registrations made again writable by mprotect */
 };
 
-/* The shim's version string ("0.2.0"). */
+/* The shim's version string ("0.3.0"). */
 PINSHIM_API const char *pinshim_version(void);
 
 /* 1 if ptr lies inside a range the shim registered with CUDA, else 0. */

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: This package's version (that of the pinshim it was built from).
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # Where meson-python puts what the build installs to libdir: the library, the
 # pinshim command, pinshim-report and pinshim-top, side by side (see meson.build).

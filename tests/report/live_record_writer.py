@@ -121,7 +121,7 @@ def record_bytes(values=None, devices=(), errors=(), *, state=RUNNING, pid=None,
         "created_ns": time.time_ns() if created_ns is None else created_ns,
         "ended_ns": ended_ns, "fork_child": 1 if fork_child else 0, "reserved": 0,
         "ended_by": ended_by.encode(), "boot_id": (boot_id() if boot is None else boot).encode(),
-        "version_text": b"0.2.0", "context_mode": b"program", "host": host.encode(),
+        "version_text": b"0.3.0", "context_mode": b"program", "host": host.encode(),
         "exe": exe.encode(), "stats_path": stats_path.encode(),
     }
     for name, (offset, code) in HEADER_OFFSETS.items():
