@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import unittest
 
 EMULATOR = os.environ.get("PINSHIM_TEST_EMULATOR")
@@ -87,32 +86,7 @@ class JobCase(unittest.TestCase):
         return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
 
 
-POOL_SCRIPT = textwrap.dedent("""\
-    import ctypes, multiprocessing, os, sys
-    SIZE = 4 << 20
-    cache = {}
-    def work(task):
-        # Locks a buffer per task and keeps it, as a cache does.
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
-                                        ctypes.c_size_t]
-        libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        pointer = ctypes.c_void_p()
-        if libc.posix_memalign(ctypes.byref(pointer), 4096, SIZE) != 0:
-            raise MemoryError
-        ctypes.memset(pointer, 1, SIZE)
-        if libc.mlock(pointer, SIZE) != 0:
-            raise OSError(ctypes.get_errno(), "mlock")
-        cache[task] = pointer.value
-        return os.getpid()
-    if __name__ == "__main__":
-        pids = set()
-        for method, tasks in [(name.split(":")[0], int(name.split(":")[1]))
-                              for name in sys.argv[1:]]:
-            with multiprocessing.get_context(method).Pool(2) as pool:
-                pids |= set(pool.map(work, range(tasks)))
-        print(" ".join(str(pid) for pid in sorted(pids)))
-    """)
+POOL_WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pool_workers.py")
 
 
 class PoolExit(JobCase):
@@ -120,10 +94,7 @@ class PoolExit(JobCase):
     holds what it registered."""
 
     def run_pools(self, *pools):
-        script = os.path.join(self.directory, "pools.py")
-        with open(script, "w", encoding="utf-8") as handle:
-            handle.write(POOL_SCRIPT)
-        result = subprocess.run([sys.executable, script, *pools], env=self.environment(),
+        result = subprocess.run([sys.executable, POOL_WORKERS, *pools], env=self.environment(),
                                 capture_output=True, text=True, timeout=300)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         return {int(pid) for pid in result.stdout.split()}

@@ -1,0 +1,46 @@
+"""Multiprocessing pools whose workers lock a 4 MiB buffer per task and keep
+it, as a cache does, ended by Pool.__exit__ (which terminates the workers
+with SIGTERM): issue 19's reproduction. Arguments: METHOD:TASKS ..., each a
+pool of 2 workers in that start method mapping that many tasks, one after
+the other. Prints the workers' pids.
+
+    pinshim --context create --stats DIR/stats.%h.%p.json -- \\
+        python3 tests/jobs/pool_workers.py fork:4 spawn:6
+    pinshim report DIR
+"""
+import ctypes
+import multiprocessing
+import os
+import sys
+
+SIZE = 4 << 20
+cache = {}
+
+
+def work(task):
+    """Locks a buffer for the task and keeps it, as a cache does."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                    ctypes.c_size_t]
+    libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    pointer = ctypes.c_void_p()
+    if libc.posix_memalign(ctypes.byref(pointer), 4096, SIZE) != 0:
+        raise MemoryError
+    ctypes.memset(pointer, 1, SIZE)
+    if libc.mlock(pointer, SIZE) != 0:
+        raise OSError(ctypes.get_errno(), "mlock")
+    cache[task] = pointer.value
+    return os.getpid()
+
+
+def main():
+    pids = set()
+    for argument in sys.argv[1:]:
+        method, tasks = argument.split(":")
+        with multiprocessing.get_context(method).Pool(2) as pool:
+            pids |= set(pool.map(work, range(int(tasks))))
+    print(" ".join(str(pid) for pid in sorted(pids)))
+
+
+if __name__ == "__main__":
+    main()
