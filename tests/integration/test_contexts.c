@@ -11,71 +11,33 @@
 #include <string.h>
 
 #include "child.h"
-
-static const char *required(const char *name)
-{
-    const char *value = getenv(name);
-    cr_assert(value != NULL && value[0] != '\0', "%s is not set (run through meson test)", name);
-    return value;
-}
-
-struct run {
-    struct child_result result;
-    char *directory;
-    char stats_path[1024];
-    char *stats; /* the JSON stats file, or NULL */
-};
+#include "shim_run.h"
 
 /* Runs contexts <scenario> [how] with the shim and settings ("K=V", "K=").
  * Unsets what the test setup sets for older suites, so that the defaults are
  * what a user gets. */
-static void run_scenario(struct run *run, const char *scenario, const char *how,
+static void run_scenario(struct shim_run *run, const char *scenario, const char *how,
                          const char *const *settings)
 {
-    memset(run, 0, sizeof *run);
-    run->directory = make_temp_dir();
-    cr_assert_not_null(run->directory);
-    snprintf(run->stats_path, sizeof run->stats_path, "%s/stats.json", run->directory);
-    static char preload[1200], cudart[1200], stats[1200];
-    snprintf(preload, sizeof preload, "LD_PRELOAD=%s", required("PINSHIM_LIB"));
-    snprintf(cudart, sizeof cudart, "PINSHIM_CUDART=%s", required("FAKE_CUDART"));
-    snprintf(stats, sizeof stats, "PINSHIM_STATS=%s", run->stats_path);
-    const char *env[32] = {preload,
-                           cudart,
-                           stats,
-                           "PINSHIM_LOG=",
-                           "PINSHIM_MIN_BYTES=",
-                           "PINSHIM_CONTEXT=",
-                           "PINSHIM_ASYNC=",
-                           "PINSHIM_ONFAULT=",
-                           "PINSHIM_MAX_REGISTRATION=",
-                           "FAKE_CUDA_DEVICES=4",
-                           "FAKE_CUDART_LOG=",
-                           "FAKE_CUDA_LOG=",
-                           "FAKE_CUDA_REGISTER_SECONDS_PER_GIB=",
-                           "FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB=",
-                           "FAKE_CUDA_MAX_REGISTER_BYTES="};
-    size_t count = 15;
-    for (size_t i = 0; settings != NULL && settings[i] != NULL && count < 31; i++)
-        env[count++] = settings[i];
-    env[count] = NULL;
-    const char *argv[] = {required("CONTEXTS"), scenario, how, NULL};
-    child_run(argv, env, NULL, &run->result);
-    cr_assert_eq(run->result.status, 0, "contexts %s %s exited %d\nstdout:\n%s\nstderr:\n%s",
-                 scenario, how ? how : "", run->result.status, run->result.out, run->result.err);
-    run->stats = read_file_text(run->stats_path);
-}
-
-static void run_free(struct run *run)
-{
-    child_result_free(&run->result);
-    free(run->stats);
-    remove_tree(run->directory);
-    free(run->directory);
+    static const char *const defaults[] = {"PINSHIM_LOG=",
+                                           "PINSHIM_MIN_BYTES=",
+                                           "PINSHIM_CONTEXT=",
+                                           "PINSHIM_ASYNC=",
+                                           "PINSHIM_ONFAULT=",
+                                           "PINSHIM_MAX_REGISTRATION=",
+                                           "FAKE_CUDA_DEVICES=4",
+                                           "FAKE_CUDART_LOG=",
+                                           "FAKE_CUDA_LOG=",
+                                           "FAKE_CUDA_REGISTER_SECONDS_PER_GIB=",
+                                           "FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB=",
+                                           "FAKE_CUDA_MAX_REGISTER_BYTES=",
+                                           NULL};
+    const char *argv[] = {shim_run_required_env("CONTEXTS"), scenario, how, NULL};
+    shim_run(run, argv, true, defaults, settings);
 }
 
 /* The value printed as "key=value", as a string (asserts it was printed). */
-static const char *printed(const struct run *run, const char *key)
+static const char *printed(const struct shim_run *run, const char *key)
 {
     static char value[256];
     char needle[128];
@@ -96,14 +58,14 @@ static const char *printed(const struct run *run, const char *key)
     return NULL;
 }
 
-static long long printed_number(const struct run *run, const char *key)
+static long long printed_number(const struct shim_run *run, const char *key)
 {
     return strtoll(printed(run, key), NULL, 10);
 }
 
 /* The number after "\"key\": " in the JSON inside the object named section
  * ("" for the top level). */
-static long long stats_number(const struct run *run, const char *section, const char *key)
+static long long stats_number(const struct shim_run *run, const char *section, const char *key)
 {
     cr_assert_not_null(run->stats, "no stats file at %s\nstderr:\n%s", run->stats_path,
                        run->result.err);
@@ -121,7 +83,7 @@ static long long stats_number(const struct run *run, const char *section, const 
     return strtoll(at + strlen(name), NULL, 10);
 }
 
-static void expect_no_warning(const struct run *run)
+static void expect_no_warning(const struct shim_run *run)
 {
     cr_assert(strstr(run->result.err, "pinshim:") == NULL, "the shim warned:\n%s", run->result.err);
 }
@@ -132,7 +94,7 @@ static void expect_no_warning(const struct run *run)
  * a context of its own gets that context. */
 static void expect_program_contexts(const char *const *settings)
 {
-    struct run run;
+    struct shim_run run;
     run_scenario(&run, "worker-after-set-device", NULL, settings);
     cr_assert_eq(printed_number(&run, "plain_device"), 3);
     cr_assert_eq(printed_number(&run, "plain_stack_unchanged"), 1);
@@ -147,7 +109,7 @@ static void expect_program_contexts(const char *const *settings)
     cr_assert_eq(printed_number(&run, "violations_after_release"), 0);
     cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
     expect_no_warning(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 Test(contexts, worker_thread_registers_in_the_programs_context_by_default)
@@ -165,7 +127,7 @@ Test(contexts, worker_thread_registers_in_the_programs_context_from_the_registra
  * and 2 (the worker's own context). */
 Test(contexts, stats_count_registrations_per_device)
 {
-    struct run run;
+    struct shim_run run;
     run_scenario(&run, "worker-after-set-device", NULL, NULL);
     cr_assert_not_null(run.stats);
     cr_assert(strstr(run.stats, "\"device\": 3") != NULL, "%s", run.stats);
@@ -173,39 +135,39 @@ Test(contexts, stats_count_registrations_per_device)
     cr_assert(strstr(run.stats, "\"device\": 2") != NULL, "%s", run.stats);
     cr_assert(strstr(run.stats, "\"device\": 0") == NULL, "%s", run.stats);
     cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* PINSHIM_CONTEXT=create is the old way: a thread without a device registers
  * on device 0 (PINSHIM_DEVICE unset), creating its primary context. */
 Test(contexts, create_mode_creates_a_context_on_device_0)
 {
-    struct run run;
+    struct shim_run run;
     const char *settings[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=off", NULL};
     run_scenario(&run, "worker-after-set-device", NULL, settings);
     cr_assert_eq(printed_number(&run, "plain_device"), 0);
     cr_assert_gt(printed_number(&run, "contexts_by_shim"), 0);
     cr_assert_gt(printed_number(&run, "contexts_on_device_0"), 0);
     cr_assert_gt(stats_number(&run, "context", "contexts_created"), 0);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* With the registration thread in create mode, the device is still the
  * locking thread's (PINSHIM_DEVICE=thread), not the registration thread's. */
 Test(contexts, create_mode_with_the_thread_uses_the_locking_threads_device)
 {
-    struct run run;
+    struct shim_run run;
     const char *settings[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=on", NULL};
     run_scenario(&run, "worker-after-set-device", NULL, settings);
     cr_assert_eq(printed_number(&run, "chose_device"), 1);
     cr_assert_eq(printed_number(&run, "plain_device"), 0);
     cr_assert_eq(printed_number(&run, "violations"), 0);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 static void expect_registered_once_initialised(const char *how)
 {
-    struct run run;
+    struct shim_run run;
     run_scenario(&run, "lock-then-init", how, NULL);
     cr_assert_eq(printed_number(&run, "driver_loaded_before"), 0);
     cr_assert_eq(printed_number(&run, "thread_before"), 1); /* the watcher */
@@ -220,7 +182,7 @@ static void expect_registered_once_initialised(const char *how)
     cr_assert_eq(stats_number(&run, "deferred", "pending_ranges_at_exit"), 0);
     cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
     expect_no_warning(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* Locked before the program initialised CUDA on device 2: pending, no
@@ -242,7 +204,7 @@ Test(contexts, lock_before_init_is_registered_on_its_own, .timeout = 60)
  * waited. */
 Test(contexts, a_process_that_never_uses_cuda_gets_nothing_loaded)
 {
-    struct run run;
+    struct shim_run run;
     run_scenario(&run, "never-init", NULL, NULL);
     cr_assert_eq(printed_number(&run, "pending"), 1);
     cr_assert_eq(printed_number(&run, "driver_loaded"), 0);
@@ -256,7 +218,7 @@ Test(contexts, a_process_that_never_uses_cuda_gets_nothing_loaded)
     cr_assert_eq(stats_number(&run, "register", "calls"), 0);
     cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
     expect_no_warning(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* The parent locks and forks; the child initialises CUDA and works. In
@@ -265,7 +227,7 @@ Test(contexts, a_process_that_never_uses_cuda_gets_nothing_loaded)
  * program mode is the default. */
 Test(contexts, a_child_forked_after_a_lock_can_use_cuda, .timeout = 60)
 {
-    struct run run;
+    struct shim_run run;
     run_scenario(&run, "fork-child-inits", NULL, NULL);
     cr_assert_eq(printed_number(&run, "watcher_sleeps_at_fork"), 1);
     cr_assert_eq(printed_number(&run, "child_init"), 0);
@@ -274,19 +236,19 @@ Test(contexts, a_child_forked_after_a_lock_can_use_cuda, .timeout = 60)
     cr_assert_eq(printed_number(&run, "parent_init"), 0);
     cr_assert_eq(printed_number(&run, "parent_device"), 0);
     cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
-    run_free(&run);
+    shim_run_free(&run);
 
     const char *create[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=off", NULL};
     run_scenario(&run, "fork-child-inits", NULL, create);
     cr_assert_eq(printed_number(&run, "child_init"), 3, "create mode should break the child");
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* Unlock, free and unmap of pending ranges drop them; nothing is ever
  * registered for them once CUDA is up. */
 Test(contexts, releasing_pending_ranges_drops_them)
 {
-    struct run run;
+    struct shim_run run;
     run_scenario(&run, "release-pending", NULL, NULL);
     cr_assert_eq(printed_number(&run, "pending_after_releases"), 0);
     cr_assert_eq(printed_number(&run, "watcher_after_releases"), 0);
@@ -295,7 +257,7 @@ Test(contexts, releasing_pending_ranges_drops_them)
     cr_assert_eq(stats_number(&run, "deferred", "ranges"), 3);
     cr_assert_eq(stats_number(&run, "deferred", "dropped"), 3);
     expect_no_warning(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* A queued range released while the thread is inside another registration
@@ -304,7 +266,7 @@ Test(contexts, releasing_pending_ranges_drops_them)
  * locked (the driver double checks smaps at unregister). */
 static void expect_queued_cancelled_in_flight_waited(const char *how)
 {
-    struct run run;
+    struct shim_run run;
     const char *settings[] = {"PINSHIM_ASYNC=on", "FAKE_CUDA_REGISTER_SECONDS_PER_GIB=10000",
                               "FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB=0", NULL};
     run_scenario(&run, "release-queued-in-flight", how, settings);
@@ -320,7 +282,7 @@ static void expect_queued_cancelled_in_flight_waited(const char *how)
     cr_assert_eq(printed_number(&run, "violations"), 0);
     cr_assert_eq(stats_number(&run, "thread", "cancelled"), 1);
     expect_no_warning(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 Test(contexts, munlock_cancels_queued_and_waits_for_in_flight, .timeout = 90)
@@ -340,7 +302,7 @@ Test(contexts, free_cancels_queued_and_waits_for_in_flight, .timeout = 90)
  * range is registered once the parent initialises. */
 Test(contexts, fork_with_pending_ranges, .timeout = 60)
 {
-    struct run run;
+    struct shim_run run;
     run_scenario(&run, "fork-with-pending", NULL, NULL);
     cr_assert_eq(printed_number(&run, "watcher_sleeps_at_fork"), 1);
     cr_assert_eq(printed_number(&run, "child_pending"), 0);
@@ -350,7 +312,7 @@ Test(contexts, fork_with_pending_ranges, .timeout = 60)
     cr_assert_eq(printed_number(&run, "child_contexts_by_shim"), 0);
     cr_assert_eq(printed_number(&run, "parent_pending"), 1);
     cr_assert_eq(printed_number(&run, "parent_device"), 0);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* A 200 GiB reservation locked on fault (PINSHIM_ONFAULT=all) against a
@@ -358,7 +320,7 @@ Test(contexts, fork_with_pending_ranges, .timeout = 60)
  * most 64 GiB (four), covering the end, all released with the unmap. */
 Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
 {
-    struct run run;
+    struct shim_run run;
     const char *settings[] = {"PINSHIM_ONFAULT=all", "FAKE_CUDA_MAX_REGISTER_BYTES=100G", NULL};
     run_scenario(&run, "chunks", NULL, settings);
     const char *refused = strstr(run.result.out, "skipped=");
@@ -367,7 +329,7 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
          * the skip line instead. */
         char reason[256];
         snprintf(reason, sizeof(reason), "%.*s", (int)strcspn(refused, "\n"), refused);
-        run_free(&run);
+        shim_run_free(&run);
         cr_skip_test("the 200 GiB mlock2(MLOCK_ONFAULT) was refused here (%s)", reason);
     }
     cr_assert_eq(printed_number(&run, "registrations"), 4);
@@ -376,7 +338,7 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
     cr_assert_eq(printed_number(&run, "violations"), 0);
     cr_assert_eq(printed_number(&run, "live_after_unmap"), 0);
     expect_no_warning(&run);
-    run_free(&run);
+    shim_run_free(&run);
 
     /* Without chunks (one registration may be 256 GiB), the driver refuses it:
      * counted as a failure, the program unharmed. */
@@ -388,7 +350,7 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
     cr_assert(strstr(run.result.err, "cuMemHostRegister(") != NULL &&
                   strstr(run.result.err, "CUDA_ERROR_OUT_OF_MEMORY") != NULL,
               "%s", run.result.err);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* Issue 17: by default a buffer is pinned when the lock call returns, in
@@ -397,7 +359,7 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
  * mmap(MAP_LOCKED) alike. Nothing waits (no pinshim_drain). */
 Test(contexts, pinned_when_the_lock_call_returns_by_default)
 {
-    struct run run;
+    struct shim_run run;
     run_scenario(&run, "pinned-at-return", NULL, NULL);
     cr_assert_eq(printed_number(&run, "mlock_device"), 2, "%s", run.result.out);
     cr_assert_eq(printed_number(&run, "mlock2_device"), 2);
@@ -406,7 +368,7 @@ Test(contexts, pinned_when_the_lock_call_returns_by_default)
     cr_assert_eq(printed_number(&run, "violations"), 0);
     cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
     expect_no_warning(&run);
-    run_free(&run);
+    shim_run_free(&run);
 
     /* Create mode too: the locking thread's device (main's 2; the worker's
      * own device 0, a context created for it). */
@@ -416,5 +378,5 @@ Test(contexts, pinned_when_the_lock_call_returns_by_default)
     cr_assert_eq(printed_number(&run, "mlock2_device"), 2);
     cr_assert_eq(printed_number(&run, "map_locked_device"), 2);
     cr_assert_eq(printed_number(&run, "worker_device"), 0);
-    run_free(&run);
+    shim_run_free(&run);
 }

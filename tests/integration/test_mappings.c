@@ -11,78 +11,30 @@
 #include <unistd.h>
 
 #include "child.h"
+#include "shim_run.h"
 
 #define DEFAULT_FLAGS 3    /* PORTABLE | DEVICEMAP: cudaHostRegisterDefault */
 #define READ_ONLY_FLAGS 11 /* ... | READ_ONLY */
 
-static const char *required(const char *name)
-{
-    const char *value = getenv(name);
-    cr_assert(value != NULL && value[0] != '\0', "%s is not set (run through meson test)", name);
-    return value;
-}
-
-struct run {
-    struct child_result result;
-    char *directory;
-    char stats_path[1024];
-    char *stats;
-};
-
-static void run_mappings(struct run *run, const char *scenario, const char *argument,
+static void run_mappings(struct shim_run *run, const char *scenario, const char *argument,
                          const char *const *settings)
 {
-    memset(run, 0, sizeof *run);
-    run->directory = make_temp_dir();
-    cr_assert_not_null(run->directory);
-    snprintf(run->stats_path, sizeof run->stats_path, "%s/stats.json", run->directory);
-    static char preload[1200], cudart[1200], stats[1200];
-    snprintf(preload, sizeof preload, "LD_PRELOAD=%s", required("PINSHIM_LIB"));
-    snprintf(cudart, sizeof cudart, "PINSHIM_CUDART=%s", required("FAKE_CUDART"));
-    snprintf(stats, sizeof stats, "PINSHIM_STATS=%s", run->stats_path);
-    const char *env[24] = {preload,
-                           cudart,
-                           stats,
-                           "PINSHIM_LOG=",
-                           "PINSHIM_FLAGS=",
-                           "PINSHIM_MIN_BYTES=4K",
-                           "PINSHIM_CONTEXT=",
-                           "PINSHIM_ASYNC=",
-                           "FAKE_CUDART_LOG=",
-                           "FAKE_CUDART_CHECK=1",
-                           "FAKE_CUDA_READ_ONLY_REGISTER=",
-                           "FAKE_CUDA_LONGTERM_PINS=1",
-                           "FAKE_CUDA_HOST_PAGE_TABLES="};
-    size_t count = 13;
-    /* A setting replaces the default of the same name. */
-    for (size_t i = 0; settings != NULL && settings[i] != NULL && count < 23; i++) {
-        size_t name = (size_t)(strchr(settings[i], '=') - settings[i]) + 1;
-        bool replaced = false;
-        for (size_t j = 0; j < count && !replaced; j++)
-            if (strncmp(env[j], settings[i], name) == 0) {
-                env[j] = settings[i];
-                replaced = true;
-            }
-        if (!replaced)
-            env[count++] = settings[i];
-    }
-    env[count] = NULL;
-    const char *argv[] = {required("MAPPINGS"), scenario, argument, NULL};
-    child_run(argv, env, NULL, &run->result);
-    cr_assert_eq(run->result.status, 0, "mappings %s exited %d\nstdout:\n%s\nstderr:\n%s", scenario,
-                 run->result.status, run->result.out, run->result.err);
-    run->stats = read_file_text(run->stats_path);
+    static const char *const defaults[] = {"PINSHIM_LOG=",
+                                           "PINSHIM_FLAGS=",
+                                           "PINSHIM_MIN_BYTES=4K",
+                                           "PINSHIM_CONTEXT=",
+                                           "PINSHIM_ASYNC=",
+                                           "FAKE_CUDART_LOG=",
+                                           "FAKE_CUDART_CHECK=1",
+                                           "FAKE_CUDA_READ_ONLY_REGISTER=",
+                                           "FAKE_CUDA_LONGTERM_PINS=1",
+                                           "FAKE_CUDA_HOST_PAGE_TABLES=",
+                                           NULL};
+    const char *argv[] = {shim_run_required_env("MAPPINGS"), scenario, argument, NULL};
+    shim_run(run, argv, true, defaults, settings);
 }
 
-static void run_free(struct run *run)
-{
-    child_result_free(&run->result);
-    free(run->stats);
-    remove_tree(run->directory);
-    free(run->directory);
-}
-
-static long long printed(const struct run *run, const char *key)
+static long long printed(const struct shim_run *run, const char *key)
 {
     char needle[128];
     snprintf(needle, sizeof needle, "%s=", key);
@@ -96,7 +48,7 @@ static long long printed(const struct run *run, const char *key)
     return 0;
 }
 
-static long long stats_number(const struct run *run, const char *section, const char *key)
+static long long stats_number(const struct shim_run *run, const char *section, const char *key)
 {
     cr_assert_not_null(run->stats, "no stats:\n%s", run->result.err);
     char name[128];
@@ -109,7 +61,7 @@ static long long stats_number(const struct run *run, const char *section, const 
     return strtoll(at + strlen(name), NULL, 10);
 }
 
-static void expect_quiet(const struct run *run)
+static void expect_quiet(const struct shim_run *run)
 {
     cr_assert(strstr(run->result.err, "pinshim:") == NULL, "the shim warned:\n%s", run->result.err);
     cr_assert_eq(stats_number(run, "register", "failed"), 0, "%s", run->stats);
@@ -133,7 +85,7 @@ Test(mappings, a_read_only_file_mapping_is_registered_read_only)
 {
     const char *modes[][2] = {{NULL, NULL}, {"PINSHIM_CONTEXT=create", NULL}};
     for (size_t m = 0; m < 2; m++) {
-        struct run run;
+        struct shim_run run;
         run_mappings(&run, "read-only-file", NULL, modes[m]);
         cr_assert_eq(printed(&run, "flags"), READ_ONLY_FLAGS, "%s\n%s", run.result.out, run.stats);
         cr_assert_eq(printed(&run, "flags_at_end"), READ_ONLY_FLAGS);
@@ -141,18 +93,18 @@ Test(mappings, a_read_only_file_mapping_is_registered_read_only)
         cr_assert_eq(stats_number(&run, "register", "read_only"), 1);
         cr_assert_eq(stats_number(&run, "register", "by_pieces"), 1);
         expect_quiet(&run);
-        run_free(&run);
+        shim_run_free(&run);
     }
 }
 
 Test(mappings, read_only_private_memory_is_registered_read_only)
 {
-    struct run run;
+    struct shim_run run;
     run_mappings(&run, "read-only-private", NULL, NULL);
     cr_assert_eq(printed(&run, "flags"), READ_ONLY_FLAGS, "%s", run.result.out);
     cr_assert_eq(printed(&run, "after_unlock"), -1);
     expect_quiet(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* Linux 6.5 refuses long-term write pins of shared file mappings that need
@@ -164,35 +116,35 @@ Test(mappings, a_writable_shared_file_mapping_is_left_out_where_it_cannot_be_pin
     const char *directory = disk_directory();
     if (directory == NULL)
         cr_skip_test("no writable directory on a disk file system (., /var/tmp, /tmp)");
-    struct run run;
+    struct shim_run run;
     run_mappings(&run, "shared-file", directory, NULL);
     cr_assert_eq(printed(&run, "flags"), -1, "%s", run.result.out);
     cr_assert_eq(stats_number(&run, "register", "skipped_shared_file"), 1, "%s", run.stats);
     expect_quiet(&run);
-    run_free(&run);
+    shim_run_free(&run);
     const char *short_term[] = {"FAKE_CUDA_LONGTERM_PINS=0", NULL};
     run_mappings(&run, "shared-file", directory, short_term);
     cr_assert_eq(printed(&run, "flags"), DEFAULT_FLAGS, "%s", run.result.out);
     cr_assert_eq(stats_number(&run, "register", "by_pieces"), 0);
     expect_quiet(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 Test(mappings, shmem_registers_as_any_memory)
 {
-    struct run run;
+    struct shim_run run;
     run_mappings(&run, "shmem", NULL, NULL);
     cr_assert_eq(printed(&run, "memfd_flags"), DEFAULT_FLAGS, "%s", run.result.out);
     cr_assert_eq(printed(&run, "shared_anonymous_flags"), DEFAULT_FLAGS);
     cr_assert_eq(printed(&run, "memfd_after_unlock"), -1);
     cr_assert_eq(stats_number(&run, "register", "by_pieces"), 0);
     expect_quiet(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 Test(mappings, a_lock_over_two_protections_is_registered_piece_by_piece)
 {
-    struct run run;
+    struct shim_run run;
     run_mappings(&run, "two-protections", NULL, NULL);
     cr_assert_eq(printed(&run, "writable_half"), DEFAULT_FLAGS, "%s", run.result.out);
     cr_assert_eq(printed(&run, "read_only_half"), READ_ONLY_FLAGS);
@@ -202,7 +154,7 @@ Test(mappings, a_lock_over_two_protections_is_registered_piece_by_piece)
     cr_assert_eq(stats_number(&run, "register", "ok"), 2, "%s", run.stats);
     cr_assert_eq(stats_number(&run, "unregister", "ok"), 2);
     expect_quiet(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* Made writable: registered again without READ_ONLY (the device may write
@@ -210,7 +162,7 @@ Test(mappings, a_lock_over_two_protections_is_registered_piece_by_piece)
  * registration stays valid). */
 Test(mappings, mprotect_after_the_lock)
 {
-    struct run run;
+    struct shim_run run;
     run_mappings(&run, "mprotect", NULL, NULL);
     cr_assert_eq(printed(&run, "read_only"), READ_ONLY_FLAGS, "%s", run.result.out);
     cr_assert_eq(printed(&run, "made_writable"), DEFAULT_FLAGS);
@@ -221,7 +173,7 @@ Test(mappings, mprotect_after_the_lock)
     cr_assert_eq(printed(&run, "made_read_only_after_unlock"), -1);
     cr_assert_eq(stats_number(&run, "unregister", "mprotect"), 1, "%s", run.stats);
     expect_quiet(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* A device that takes no READ_ONLY registrations (attribute 113 is 0):
@@ -229,7 +181,7 @@ Test(mappings, mprotect_after_the_lock)
 Test(mappings, read_only_memory_on_a_device_without_support_stays_mlocked_only)
 {
     const char *settings[] = {"FAKE_CUDA_READ_ONLY_REGISTER=0", "PINSHIM_LOG=info", NULL};
-    struct run run;
+    struct shim_run run;
     run_mappings(&run, "two-protections", NULL, settings);
     cr_assert_eq(printed(&run, "writable_half"), DEFAULT_FLAGS, "%s", run.result.out);
     cr_assert_eq(printed(&run, "read_only_half"), -1);
@@ -238,31 +190,31 @@ Test(mappings, read_only_memory_on_a_device_without_support_stays_mlocked_only)
     cr_assert(strstr(run.result.err, "takes no READ_ONLY registrations") != NULL, "%s",
               run.result.err);
     cr_assert_eq(stats_number(&run, "register", "failed"), 0);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* mlock succeeds on VM_IO / VM_PFNMAP mappings without locking them; no
  * driver pins them: left out, counted. So is PROT_NONE memory. */
 Test(mappings, io_and_no_access_mappings_are_left_out)
 {
-    struct run run;
+    struct shim_run run;
     run_mappings(&run, "vvar", NULL, NULL);
     if (strstr(run.result.out, "skipped=") != NULL) {
-        run_free(&run);
+        shim_run_free(&run);
         cr_skip_test("no [vvar] mapping in this process");
     }
     cr_assert_eq(printed(&run, "vvar_lock"), 0);
     cr_assert_eq(printed(&run, "flags"), -1);
     cr_assert_eq(stats_number(&run, "register", "skipped_io"), 1, "%s", run.stats);
     expect_quiet(&run);
-    run_free(&run);
+    shim_run_free(&run);
     const char *whole[] = {"PINSHIM_ONFAULT=all", NULL};
     run_mappings(&run, "no-access", NULL, whole);
     cr_assert_eq(printed(&run, "lock"), 0);
     cr_assert_eq(printed(&run, "flags"), -1);
     cr_assert_eq(stats_number(&run, "register", "skipped_no_access"), 1, "%s", run.stats);
     expect_quiet(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* With ATS (Grace Hopper), registration only populates: read-only memory
@@ -270,10 +222,10 @@ Test(mappings, io_and_no_access_mappings_are_left_out)
 Test(mappings, with_host_page_tables_read_only_memory_needs_no_flag)
 {
     const char *settings[] = {"FAKE_CUDA_HOST_PAGE_TABLES=1", NULL};
-    struct run run;
+    struct shim_run run;
     run_mappings(&run, "read-only-file", NULL, settings);
     cr_assert_eq(printed(&run, "flags"), DEFAULT_FLAGS, "%s", run.result.out);
     cr_assert_eq(stats_number(&run, "register", "by_pieces"), 0);
     expect_quiet(&run);
-    run_free(&run);
+    shim_run_free(&run);
 }

@@ -10,64 +10,21 @@
 #include <string.h>
 
 #include "child.h"
-
-static const char *required(const char *name)
-{
-    const char *value = getenv(name);
-    cr_assert(value != NULL && value[0] != '\0', "%s is not set (run through meson test)", name);
-    return value;
-}
-
-struct run {
-    struct child_result result;
-    char *directory;
-    char stats_path[1024];
-    char *stats;
-};
+#include "shim_run.h"
 
 /* Runs sharing with arguments; with the shim when settings is not NULL. */
-static void run_sharing(struct run *run, const char *scenario, const char *argument,
+static void run_sharing(struct shim_run *run, const char *scenario, const char *argument,
                         const char *const *settings)
 {
-    memset(run, 0, sizeof *run);
-    run->directory = make_temp_dir();
-    cr_assert_not_null(run->directory);
-    snprintf(run->stats_path, sizeof run->stats_path, "%s/stats.json", run->directory);
-    static char preload[1200], cudart[1200], stats[1200];
-    snprintf(preload, sizeof preload, "LD_PRELOAD=%s", settings ? required("PINSHIM_LIB") : "");
-    snprintf(cudart, sizeof cudart, "PINSHIM_CUDART=%s", required("FAKE_CUDART"));
-    snprintf(stats, sizeof stats, "PINSHIM_STATS=%s", run->stats_path);
-    const char *env[24] = {preload,
-                           cudart,
-                           stats,
-                           "PINSHIM_LOG=",
-                           "PINSHIM_FLAGS=",
-                           "PINSHIM_MIN_BYTES=",
-                           "PINSHIM_CONTEXT=",
-                           "PINSHIM_ASYNC=",
-                           "FAKE_CUDART_LOG=",
-                           "FAKE_CUDA_LOG=",
-                           "FAKE_CUDART_CHECK=1"};
-    size_t count = 11;
-    for (size_t i = 0; settings != NULL && settings[i] != NULL && count < 23; i++)
-        env[count++] = settings[i];
-    env[count] = NULL;
-    const char *argv[] = {required("SHARING"), scenario, argument, NULL};
-    child_run(argv, env, NULL, &run->result);
-    cr_assert_eq(run->result.status, 0, "sharing %s exited %d\nstdout:\n%s\nstderr:\n%s", scenario,
-                 run->result.status, run->result.out, run->result.err);
-    run->stats = read_file_text(run->stats_path);
+    static const char *const defaults[] = {
+        "PINSHIM_LOG=",     "PINSHIM_FLAGS=",      "PINSHIM_MIN_BYTES=",
+        "PINSHIM_CONTEXT=", "PINSHIM_ASYNC=",      "FAKE_CUDART_LOG=",
+        "FAKE_CUDA_LOG=",   "FAKE_CUDART_CHECK=1", NULL};
+    const char *argv[] = {shim_run_required_env("SHARING"), scenario, argument, NULL};
+    shim_run(run, argv, settings != NULL, defaults, settings);
 }
 
-static void run_free(struct run *run)
-{
-    child_result_free(&run->result);
-    free(run->stats);
-    remove_tree(run->directory);
-    free(run->directory);
-}
-
-static long long printed(const struct run *run, const char *key)
+static long long printed(const struct shim_run *run, const char *key)
 {
     char needle[128];
     snprintf(needle, sizeof needle, "\n%s=", key);
@@ -82,7 +39,7 @@ static long long printed(const struct run *run, const char *key)
 }
 
 /* The number after "\"key\": " in the stats' object section. */
-static long long stats_number(const struct run *run, const char *section, const char *key)
+static long long stats_number(const struct shim_run *run, const char *section, const char *key)
 {
     cr_assert_not_null(run->stats, "no stats:\n%s", run->result.err);
     char name[128];
@@ -109,10 +66,10 @@ static const char *const modes[][3] = {
 static void expect_same_counts(const char *scenario, const char *argument, const char *const *keys,
                                bool at_most)
 {
-    struct run without;
+    struct shim_run without;
     run_sharing(&without, scenario, argument, NULL);
     for (size_t m = 0; m < MODE_COUNT; m++) {
-        struct run with;
+        struct shim_run with;
         run_sharing(&with, scenario, argument, modes[m]);
         for (size_t k = 0; keys[k] != NULL; k++) {
             long long got = printed(&with, keys[k]), expected = printed(&without, keys[k]);
@@ -125,9 +82,9 @@ static void expect_same_counts(const char *scenario, const char *argument, const
         cr_assert(strstr(with.result.err, "pinshim:") == NULL, "the shim warned:\n%s",
                   with.result.err);
         cr_assert_eq(stats_number(&with, "live", "ranges"), 0);
-        run_free(&with);
+        shim_run_free(&with);
     }
-    run_free(&without);
+    shim_run_free(&without);
 }
 
 /* DeepSpeed's native pinned buffers: 20 registrations and 20
@@ -157,11 +114,11 @@ Test(sharing, every_order_costs_the_runtime_nothing_extra)
     expect_same_counts("orders", NULL, exactly, false);
     const char *at_most[] = {"again_and_again_registers", "again_and_again_unregisters", NULL};
     expect_same_counts("orders", NULL, at_most, true);
-    struct run run;
+    struct shim_run run;
     run_sharing(&run, "orders", NULL, modes[0]);
     cr_assert_eq(printed(&run, "again_and_again_registers"), 1, "%s", run.result.out);
     cr_assert_eq(printed(&run, "again_and_again_unregisters"), 1);
-    run_free(&run);
+    shim_run_free(&run);
 }
 
 /* By default the buffer is pinned when mlock returns (no pinshim_drain),
@@ -170,7 +127,7 @@ Test(sharing, every_order_costs_the_runtime_nothing_extra)
 Test(sharing, pinned_when_mlock_returns_and_handed_over_without_a_call)
 {
     for (size_t m = 0; m < MODE_COUNT; m += 2) { /* PINSHIM_ASYNC=off: program, create */
-        struct run run;
+        struct shim_run run;
         run_sharing(&run, "deepspeed", "20", m == 0 ? (const char *const[]){NULL} : modes[m]);
         cr_assert_eq(printed(&run, "pinned_at_return"), 20, "%s\n%s", modes[m][0], run.result.out);
         cr_assert_eq(printed(&run, "runtime_registers"), 20);
@@ -179,20 +136,20 @@ Test(sharing, pinned_when_mlock_returns_and_handed_over_without_a_call)
         cr_assert_eq(stats_number(&run, "program", "kept"), 20, "%s", run.stats);
         cr_assert_eq(stats_number(&run, "unregister", "program"), 0, "%s", run.stats);
         cr_assert_eq(stats_number(&run, "unregister", "munlock"), 20, "%s", run.stats);
-        run_free(&run);
+        shim_run_free(&run);
     }
     /* Without the shim, nothing is pinned by mlock. */
-    struct run without;
+    struct shim_run without;
     run_sharing(&without, "deepspeed", "20", NULL);
     cr_assert_eq(printed(&without, "pinned_at_return"), 0);
-    run_free(&without);
+    shim_run_free(&without);
 }
 
 /* Flags that do not mean the same (portable only, without mapped): not
  * the shim's registration, so the shim gives its own up first, as before. */
 Test(sharing, other_flags_keep_the_protocol)
 {
-    struct run without, with;
+    struct shim_run without, with;
     run_sharing(&without, "other-flags", NULL, NULL);
     run_sharing(&with, "other-flags", NULL, modes[0]);
     cr_assert_eq(printed(&without, "other_flags_registers"), 1);
@@ -202,8 +159,8 @@ Test(sharing, other_flags_keep_the_protocol)
     cr_assert_eq(stats_number(&with, "unregister", "program"), 1);
     cr_assert_eq(stats_number(&with, "program", "taken_back"), 1);
     cr_assert_eq(printed(&with, "pinned_after_unregister"), 1, "the shim's again");
-    run_free(&without);
-    run_free(&with);
+    shim_run_free(&without);
+    shim_run_free(&with);
 }
 
 /* The driver locks and unlocks memory for itself while it holds its own
@@ -213,13 +170,13 @@ Test(sharing, other_flags_keep_the_protocol)
 Test(sharing, locks_made_by_the_driver_itself_pass_through, .timeout = 60)
 {
     for (size_t m = 0; m < MODE_COUNT; m++) {
-        struct run run;
+        struct shim_run run;
         run_sharing(&run, "host-alloc", NULL, modes[m]);
         cr_assert_eq(printed(&run, "host_alloc_pinned"), 1);
         cr_assert_eq(printed(&run, "host_alloc_registers"), 0, "%s", run.result.out);
         cr_assert_eq(printed(&run, "host_alloc_unregisters"), 0);
         cr_assert_eq(stats_number(&run, "register", "skipped_cuda_library"), 1, "%s", run.stats);
         cr_assert_eq(stats_number(&run, "register", "ok"), 0);
-        run_free(&run);
+        shim_run_free(&run);
     }
 }

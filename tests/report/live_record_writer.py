@@ -10,7 +10,10 @@ so that a mistake in the reader's layout shows.
 import os
 import socket
 import struct
+import subprocess
+import tempfile
 import time
+import unittest
 
 MAGIC = b"PSHMLIVE"
 BYTE_ORDER = 0x01020304
@@ -171,3 +174,30 @@ def busy_values(live_bytes=64 << 20, live_ranges=2, **more):
               "live.bytes": live_bytes, "live.peak_bytes": 96 << 20}
     values.update(more)
     return values
+
+
+class RecordsCase(unittest.TestCase):
+    """A test with a directory of its own for records, and sleeping child
+    processes that stand for running ones (killed at the end)."""
+
+    prefix = "pinshim-records-"
+
+    def setUp(self):
+        self.temporary = tempfile.TemporaryDirectory(prefix=self.prefix)
+        self.directory = self.temporary.name
+        self.children = []
+
+    def tearDown(self):
+        for child in self.children:
+            child.kill()
+            child.wait()
+        self.temporary.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.directory, name)
+
+    def running_child(self):
+        """A process that runs until the test ends: (its pid, its start ticks)."""
+        child = subprocess.Popen(["sleep", "300"])
+        self.children.append(child)
+        return child.pid, start_ticks(child.pid)

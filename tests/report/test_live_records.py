@@ -30,12 +30,6 @@ REPORT = os.environ.get("PINSHIM_REPORT", "")
 HOST = socket.gethostname()
 
 
-def sleeping_child():
-    """A process that runs until killed: (Popen, its start ticks)."""
-    child = subprocess.Popen(["sleep", "300"])
-    return child, writer.start_ticks(child.pid)
-
-
 def gone_pid():
     """The pid of a process that has ended (and been waited for)."""
     child = subprocess.Popen(["true"])
@@ -92,25 +86,8 @@ class Layout(unittest.TestCase):
             self.assertEqual(offset + size, following, code)
 
 
-class LiveCase(unittest.TestCase):
-    def setUp(self):
-        self.temporary = tempfile.TemporaryDirectory(prefix="pinshim-live-")
-        self.directory = self.temporary.name
-        self.children = []
-
-    def tearDown(self):
-        for child in self.children:
-            child.kill()
-            child.wait()
-        self.temporary.cleanup()
-
-    def path(self, name):
-        return os.path.join(self.directory, name)
-
-    def running_child(self):
-        child, ticks = sleeping_child()
-        self.children.append(child)
-        return child.pid, ticks
+class LiveCase(writer.RecordsCase):
+    prefix = "pinshim-live-"
 
     def report_json(self, *arguments):
         result = run_report("--json", "--all", *arguments)

@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -63,22 +62,8 @@ def table(stdout):
     return title, [cells(line) for line in lines[2:]]
 
 
-class TopCase(unittest.TestCase):
-    def setUp(self):
-        self.temporary = tempfile.TemporaryDirectory(prefix="pinshim-top-")
-        self.directory = self.temporary.name
-        self.children = []
-
-    def tearDown(self):
-        for child in self.children:
-            child.kill()
-            child.wait()
-        self.temporary.cleanup()
-
-    def running_child(self):
-        child = subprocess.Popen(["sleep", "300"])
-        self.children.append(child)
-        return child.pid, writer.start_ticks(child.pid)
+class TopCase(writer.RecordsCase):
+    prefix = "pinshim-top-"
 
     def write_running(self, directory=None, name=None, live_bytes=64 << 20, **options):
         pid, ticks = self.running_child()
