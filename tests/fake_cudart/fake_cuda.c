@@ -1392,6 +1392,14 @@ static int api_state_error_locked(void)
     return FAKE_CU_SUCCESS;
 }
 
+/* What every driver call that needs the current context answers first: a
+ * state the API is in (not initialised, deinitialised), then no context. */
+static int enter_context_call_locked(uint32_t *context, int *device)
+{
+    int error = api_state_error_locked();
+    return error ? error : current_context_locked(context, device);
+}
+
 FAKE_EXPORT int cuInit(unsigned int flags)
 {
     caller_object(FAKE_CU_CALL_INIT, CALLER());
@@ -1849,9 +1857,7 @@ static int mem_host_register(uintptr_t base, size_t size, unsigned flags)
     lock_state();
     uint32_t context = 0;
     int device = -1;
-    int error = api_state_error_locked();
-    if (!error)
-        error = current_context_locked(&context, &device);
+    int error = enter_context_call_locked(&context, &device);
     if (!error && injected_failure_due(&register_fail_counter, config.fail_register_every))
         error = config.fail_error;
     if (!error && (!base || !size || (flags & ~FAKE_CU_MEMHOSTREGISTER_VALID_FLAGS) ||
@@ -1944,9 +1950,7 @@ FAKE_EXPORT int cuMemHostUnregister(void *pointer)
     lock_state();
     uint32_t context = 0;
     int device = -1;
-    int error = api_state_error_locked();
-    if (!error)
-        error = current_context_locked(&context, &device);
+    int error = enter_context_call_locked(&context, &device);
     if (!error && injected_failure_due(&unregister_fail_counter, config.fail_unregister_every))
         error = config.fail_error;
     uint32_t node = error ? 0 : registration_find_containing(base);
@@ -2032,9 +2036,7 @@ FAKE_EXPORT int cuMemHostAlloc(void **pointer, size_t size, unsigned int flags)
     lock_state();
     uint32_t context = 0;
     int device = -1;
-    int error = api_state_error_locked();
-    if (!error)
-        error = current_context_locked(&context, &device);
+    int error = enter_context_call_locked(&context, &device);
     if (!error && (!pointer || !size ||
                    (flags & ~(FAKE_CU_MEMHOSTALLOC_PORTABLE | FAKE_CU_MEMHOSTALLOC_DEVICEMAP |
                               FAKE_CU_MEMHOSTALLOC_WRITECOMBINED))))
@@ -2080,9 +2082,7 @@ FAKE_EXPORT int cuMemFreeHost(void *pointer)
     lock_state();
     uint32_t context = 0;
     int device = -1;
-    int error = api_state_error_locked();
-    if (!error)
-        error = current_context_locked(&context, &device);
+    int error = enter_context_call_locked(&context, &device);
     uint32_t node = error ? 0 : registration_find_containing((uintptr_t)pointer);
     if (!error &&
         (!node || !node_pool[node].host_alloc || node_pool[node].base != (uintptr_t)pointer))
@@ -2107,9 +2107,7 @@ FAKE_EXPORT int cuMemHostGetDevicePointer_v2(unsigned long long *device_pointer,
     lock_state();
     uint32_t context = 0;
     int device = -1;
-    int error = api_state_error_locked();
-    if (!error)
-        error = current_context_locked(&context, &device);
+    int error = enter_context_call_locked(&context, &device);
     if (!error && (!device_pointer || flags))
         error = FAKE_CU_ERROR_INVALID_VALUE;
     uint32_t node = error ? 0 : registration_find_containing((uintptr_t)pointer);

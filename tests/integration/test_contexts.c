@@ -63,26 +63,6 @@ static long long printed_number(const struct shim_run *run, const char *key)
     return strtoll(printed(run, key), NULL, 10);
 }
 
-/* The number after "\"key\": " in the JSON inside the object named section
- * ("" for the top level). */
-static long long stats_number(const struct shim_run *run, const char *section, const char *key)
-{
-    cr_assert_not_null(run->stats, "no stats file at %s\nstderr:\n%s", run->stats_path,
-                       run->result.err);
-    const char *from = run->stats;
-    if (section[0] != '\0') {
-        char name[128];
-        snprintf(name, sizeof name, "\"%s\": {", section);
-        from = strstr(run->stats, name);
-        cr_assert_not_null(from, "no \"%s\" in the stats:\n%s", section, run->stats);
-    }
-    char name[128];
-    snprintf(name, sizeof name, "\"%s\": ", key);
-    const char *at = strstr(from, name);
-    cr_assert_not_null(at, "no \"%s\" in \"%s\" of the stats:\n%s", key, section, run->stats);
-    return strtoll(at + strlen(name), NULL, 10);
-}
-
 static void expect_no_warning(const struct shim_run *run)
 {
     cr_assert(strstr(run->result.err, "pinshim:") == NULL, "the shim warned:\n%s", run->result.err);
@@ -107,7 +87,7 @@ static void expect_program_contexts(const char *const *settings)
     cr_assert_eq(printed_number(&run, "violations"), 0);
     cr_assert_eq(printed_number(&run, "live_after_release"), 0);
     cr_assert_eq(printed_number(&run, "violations_after_release"), 0);
-    cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "context", "contexts_created"), 0);
     expect_no_warning(&run);
     shim_run_free(&run);
 }
@@ -134,7 +114,7 @@ Test(contexts, stats_count_registrations_per_device)
     cr_assert(strstr(run.stats, "\"device\": 1") != NULL, "%s", run.stats);
     cr_assert(strstr(run.stats, "\"device\": 2") != NULL, "%s", run.stats);
     cr_assert(strstr(run.stats, "\"device\": 0") == NULL, "%s", run.stats);
-    cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "context", "contexts_created"), 0);
     shim_run_free(&run);
 }
 
@@ -148,7 +128,7 @@ Test(contexts, create_mode_creates_a_context_on_device_0)
     cr_assert_eq(printed_number(&run, "plain_device"), 0);
     cr_assert_gt(printed_number(&run, "contexts_by_shim"), 0);
     cr_assert_gt(printed_number(&run, "contexts_on_device_0"), 0);
-    cr_assert_gt(stats_number(&run, "context", "contexts_created"), 0);
+    cr_assert_gt(shim_run_stats_number(&run, "context", "contexts_created"), 0);
     shim_run_free(&run);
 }
 
@@ -177,10 +157,10 @@ static void expect_registered_once_initialised(const char *how)
     cr_assert_eq(printed_number(&run, "pending_after"), 0);
     cr_assert_eq(printed_number(&run, "violations"), 0);
     cr_assert_eq(printed_number(&run, "live_after_release"), 0);
-    cr_assert_eq(stats_number(&run, "deferred", "ranges"), 1);
-    cr_assert_eq(stats_number(&run, "deferred", "registered_later"), 1);
-    cr_assert_eq(stats_number(&run, "deferred", "pending_ranges_at_exit"), 0);
-    cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "ranges"), 1);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "registered_later"), 1);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "pending_ranges_at_exit"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "context", "contexts_created"), 0);
     expect_no_warning(&run);
     shim_run_free(&run);
 }
@@ -210,13 +190,13 @@ Test(contexts, a_process_that_never_uses_cuda_gets_nothing_loaded)
     cr_assert_eq(printed_number(&run, "driver_loaded"), 0);
     cr_assert_eq(printed_number(&run, "runtime_mapped"), 0);
     cr_assert_eq(printed_number(&run, "thread"), 1);
-    cr_assert_eq(stats_number(&run, "deferred", "ranges"), 2);
-    cr_assert_eq(stats_number(&run, "deferred", "dropped"), 1);
-    cr_assert_eq(stats_number(&run, "deferred", "registered_later"), 0);
-    cr_assert_eq(stats_number(&run, "deferred", "pending_ranges_at_exit"), 1);
-    cr_assert_eq(stats_number(&run, "deferred", "pending_bytes_at_exit"), 4 << 20);
-    cr_assert_eq(stats_number(&run, "register", "calls"), 0);
-    cr_assert_eq(stats_number(&run, "context", "contexts_created"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "ranges"), 2);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "dropped"), 1);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "registered_later"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "pending_ranges_at_exit"), 1);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "pending_bytes_at_exit"), 4 << 20);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "calls"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "context", "contexts_created"), 0);
     expect_no_warning(&run);
     shim_run_free(&run);
 }
@@ -254,8 +234,8 @@ Test(contexts, releasing_pending_ranges_drops_them)
     cr_assert_eq(printed_number(&run, "watcher_after_releases"), 0);
     cr_assert_eq(printed_number(&run, "shim_register_calls"), 0);
     cr_assert_eq(printed_number(&run, "live"), 0);
-    cr_assert_eq(stats_number(&run, "deferred", "ranges"), 3);
-    cr_assert_eq(stats_number(&run, "deferred", "dropped"), 3);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "ranges"), 3);
+    cr_assert_eq(shim_run_stats_number(&run, "deferred", "dropped"), 3);
     expect_no_warning(&run);
     shim_run_free(&run);
 }
@@ -280,7 +260,7 @@ static void expect_queued_cancelled_in_flight_waited(const char *how)
     cr_assert_eq(printed_number(&run, "shim_unregister_calls"), 1);
     cr_assert_eq(printed_number(&run, "live"), 0);
     cr_assert_eq(printed_number(&run, "violations"), 0);
-    cr_assert_eq(stats_number(&run, "thread", "cancelled"), 1);
+    cr_assert_eq(shim_run_stats_number(&run, "thread", "cancelled"), 1);
     expect_no_warning(&run);
     shim_run_free(&run);
 }
@@ -346,7 +326,7 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
                            "PINSHIM_MAX_REGISTRATION=256G", NULL};
     run_scenario(&run, "chunks", NULL, whole);
     cr_assert_eq(printed_number(&run, "registrations"), 0);
-    cr_assert_eq(stats_number(&run, "register", "failed"), 1);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "failed"), 1);
     cr_assert(strstr(run.result.err, "cuMemHostRegister(") != NULL &&
                   strstr(run.result.err, "CUDA_ERROR_OUT_OF_MEMORY") != NULL,
               "%s", run.result.err);

@@ -48,24 +48,11 @@ static long long printed(const struct shim_run *run, const char *key)
     return 0;
 }
 
-static long long stats_number(const struct shim_run *run, const char *section, const char *key)
-{
-    cr_assert_not_null(run->stats, "no stats:\n%s", run->result.err);
-    char name[128];
-    snprintf(name, sizeof name, "\"%s\": {", section);
-    const char *from = strstr(run->stats, name);
-    cr_assert_not_null(from, "no %s in:\n%s", section, run->stats);
-    snprintf(name, sizeof name, "\"%s\": ", key);
-    const char *at = strstr(from, name);
-    cr_assert_not_null(at, "no %s.%s in:\n%s", section, key, run->stats);
-    return strtoll(at + strlen(name), NULL, 10);
-}
-
 static void expect_quiet(const struct shim_run *run)
 {
     cr_assert(strstr(run->result.err, "pinshim:") == NULL, "the shim warned:\n%s", run->result.err);
-    cr_assert_eq(stats_number(run, "register", "failed"), 0, "%s", run->stats);
-    cr_assert_eq(stats_number(run, "live", "ranges"), 0, "%s", run->stats);
+    cr_assert_eq(shim_run_stats_number(run, "register", "failed"), 0, "%s", run->stats);
+    cr_assert_eq(shim_run_stats_number(run, "live", "ranges"), 0, "%s", run->stats);
 }
 
 /* A directory on a file system that writes back (not tmpfs), or NULL. */
@@ -90,8 +77,8 @@ Test(mappings, a_read_only_file_mapping_is_registered_read_only)
         cr_assert_eq(printed(&run, "flags"), READ_ONLY_FLAGS, "%s\n%s", run.result.out, run.stats);
         cr_assert_eq(printed(&run, "flags_at_end"), READ_ONLY_FLAGS);
         cr_assert_eq(printed(&run, "after_unlock"), -1);
-        cr_assert_eq(stats_number(&run, "register", "read_only"), 1);
-        cr_assert_eq(stats_number(&run, "register", "by_pieces"), 1);
+        cr_assert_eq(shim_run_stats_number(&run, "register", "read_only"), 1);
+        cr_assert_eq(shim_run_stats_number(&run, "register", "by_pieces"), 1);
         expect_quiet(&run);
         shim_run_free(&run);
     }
@@ -119,13 +106,14 @@ Test(mappings, a_writable_shared_file_mapping_is_left_out_where_it_cannot_be_pin
     struct shim_run run;
     run_mappings(&run, "shared-file", directory, NULL);
     cr_assert_eq(printed(&run, "flags"), -1, "%s", run.result.out);
-    cr_assert_eq(stats_number(&run, "register", "skipped_shared_file"), 1, "%s", run.stats);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_shared_file"), 1, "%s",
+                 run.stats);
     expect_quiet(&run);
     shim_run_free(&run);
     const char *short_term[] = {"FAKE_CUDA_LONGTERM_PINS=0", NULL};
     run_mappings(&run, "shared-file", directory, short_term);
     cr_assert_eq(printed(&run, "flags"), DEFAULT_FLAGS, "%s", run.result.out);
-    cr_assert_eq(stats_number(&run, "register", "by_pieces"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "by_pieces"), 0);
     expect_quiet(&run);
     shim_run_free(&run);
 }
@@ -137,7 +125,7 @@ Test(mappings, shmem_registers_as_any_memory)
     cr_assert_eq(printed(&run, "memfd_flags"), DEFAULT_FLAGS, "%s", run.result.out);
     cr_assert_eq(printed(&run, "shared_anonymous_flags"), DEFAULT_FLAGS);
     cr_assert_eq(printed(&run, "memfd_after_unlock"), -1);
-    cr_assert_eq(stats_number(&run, "register", "by_pieces"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "by_pieces"), 0);
     expect_quiet(&run);
     shim_run_free(&run);
 }
@@ -151,8 +139,8 @@ Test(mappings, a_lock_over_two_protections_is_registered_piece_by_piece)
     cr_assert_eq(printed(&run, "read_only_end"), READ_ONLY_FLAGS);
     cr_assert_eq(printed(&run, "writable_after_unlock"), -1);
     cr_assert_eq(printed(&run, "read_only_after_unlock"), -1);
-    cr_assert_eq(stats_number(&run, "register", "ok"), 2, "%s", run.stats);
-    cr_assert_eq(stats_number(&run, "unregister", "ok"), 2);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "ok"), 2, "%s", run.stats);
+    cr_assert_eq(shim_run_stats_number(&run, "unregister", "ok"), 2);
     expect_quiet(&run);
     shim_run_free(&run);
 }
@@ -171,7 +159,7 @@ Test(mappings, mprotect_after_the_lock)
     cr_assert_eq(printed(&run, "one_page_back_and_forth"), DEFAULT_FLAGS);
     cr_assert_eq(printed(&run, "made_writable_after_unlock"), -1);
     cr_assert_eq(printed(&run, "made_read_only_after_unlock"), -1);
-    cr_assert_eq(stats_number(&run, "unregister", "mprotect"), 1, "%s", run.stats);
+    cr_assert_eq(shim_run_stats_number(&run, "unregister", "mprotect"), 1, "%s", run.stats);
     expect_quiet(&run);
     shim_run_free(&run);
 }
@@ -185,11 +173,11 @@ Test(mappings, read_only_memory_on_a_device_without_support_stays_mlocked_only)
     run_mappings(&run, "two-protections", NULL, settings);
     cr_assert_eq(printed(&run, "writable_half"), DEFAULT_FLAGS, "%s", run.result.out);
     cr_assert_eq(printed(&run, "read_only_half"), -1);
-    cr_assert_eq(stats_number(&run, "register", "skipped_read_only_unsupported"), 1);
-    cr_assert_eq(stats_number(&run, "register", "read_only"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_read_only_unsupported"), 1);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "read_only"), 0);
     cr_assert(strstr(run.result.err, "takes no READ_ONLY registrations") != NULL, "%s",
               run.result.err);
-    cr_assert_eq(stats_number(&run, "register", "failed"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "failed"), 0);
     shim_run_free(&run);
 }
 
@@ -205,14 +193,14 @@ Test(mappings, io_and_no_access_mappings_are_left_out)
     }
     cr_assert_eq(printed(&run, "vvar_lock"), 0);
     cr_assert_eq(printed(&run, "flags"), -1);
-    cr_assert_eq(stats_number(&run, "register", "skipped_io"), 1, "%s", run.stats);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_io"), 1, "%s", run.stats);
     expect_quiet(&run);
     shim_run_free(&run);
     const char *whole[] = {"PINSHIM_ONFAULT=all", NULL};
     run_mappings(&run, "no-access", NULL, whole);
     cr_assert_eq(printed(&run, "lock"), 0);
     cr_assert_eq(printed(&run, "flags"), -1);
-    cr_assert_eq(stats_number(&run, "register", "skipped_no_access"), 1, "%s", run.stats);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_no_access"), 1, "%s", run.stats);
     expect_quiet(&run);
     shim_run_free(&run);
 }
@@ -225,7 +213,7 @@ Test(mappings, with_host_page_tables_read_only_memory_needs_no_flag)
     struct shim_run run;
     run_mappings(&run, "read-only-file", NULL, settings);
     cr_assert_eq(printed(&run, "flags"), DEFAULT_FLAGS, "%s", run.result.out);
-    cr_assert_eq(stats_number(&run, "register", "by_pieces"), 0);
+    cr_assert_eq(shim_run_stats_number(&run, "register", "by_pieces"), 0);
     expect_quiet(&run);
     shim_run_free(&run);
 }

@@ -38,20 +38,6 @@ static long long printed(const struct shim_run *run, const char *key)
     return value;
 }
 
-/* The number after "\"key\": " in the stats' object section. */
-static long long stats_number(const struct shim_run *run, const char *section, const char *key)
-{
-    cr_assert_not_null(run->stats, "no stats:\n%s", run->result.err);
-    char name[128];
-    snprintf(name, sizeof name, "\"%s\": {", section);
-    const char *from = strstr(run->stats, name);
-    cr_assert_not_null(from, "no %s in:\n%s", section, run->stats);
-    snprintf(name, sizeof name, "\"%s\": ", key);
-    const char *at = strstr(from, name);
-    cr_assert_not_null(at, "no %s.%s in:\n%s", section, key, run->stats);
-    return strtoll(at + strlen(name), NULL, 10);
-}
-
 /* Every mode the shim has: where registrations go, and when. */
 static const char *const modes[][3] = {
     {"PINSHIM_CONTEXT=program", "PINSHIM_ASYNC=off", NULL},
@@ -81,7 +67,7 @@ static void expect_same_counts(const char *scenario, const char *argument, const
         }
         cr_assert(strstr(with.result.err, "pinshim:") == NULL, "the shim warned:\n%s",
                   with.result.err);
-        cr_assert_eq(stats_number(&with, "live", "ranges"), 0);
+        cr_assert_eq(shim_run_stats_number(&with, "live", "ranges"), 0);
         shim_run_free(&with);
     }
     shim_run_free(&without);
@@ -131,11 +117,11 @@ Test(sharing, pinned_when_mlock_returns_and_handed_over_without_a_call)
         run_sharing(&run, "deepspeed", "20", m == 0 ? (const char *const[]){NULL} : modes[m]);
         cr_assert_eq(printed(&run, "pinned_at_return"), 20, "%s\n%s", modes[m][0], run.result.out);
         cr_assert_eq(printed(&run, "runtime_registers"), 20);
-        cr_assert_eq(stats_number(&run, "register", "ok"), 20, "%s", run.stats);
-        cr_assert_eq(stats_number(&run, "program", "handed_over"), 20, "%s", run.stats);
-        cr_assert_eq(stats_number(&run, "program", "kept"), 20, "%s", run.stats);
-        cr_assert_eq(stats_number(&run, "unregister", "program"), 0, "%s", run.stats);
-        cr_assert_eq(stats_number(&run, "unregister", "munlock"), 20, "%s", run.stats);
+        cr_assert_eq(shim_run_stats_number(&run, "register", "ok"), 20, "%s", run.stats);
+        cr_assert_eq(shim_run_stats_number(&run, "program", "handed_over"), 20, "%s", run.stats);
+        cr_assert_eq(shim_run_stats_number(&run, "program", "kept"), 20, "%s", run.stats);
+        cr_assert_eq(shim_run_stats_number(&run, "unregister", "program"), 0, "%s", run.stats);
+        cr_assert_eq(shim_run_stats_number(&run, "unregister", "munlock"), 20, "%s", run.stats);
         shim_run_free(&run);
     }
     /* Without the shim, nothing is pinned by mlock. */
@@ -155,9 +141,9 @@ Test(sharing, other_flags_keep_the_protocol)
     cr_assert_eq(printed(&without, "other_flags_registers"), 1);
     cr_assert_eq(printed(&with, "other_flags_registers"), 3,
                  "the shim's, the program's, the shim's again\n%s", with.result.out);
-    cr_assert_eq(stats_number(&with, "program", "handed_over"), 0);
-    cr_assert_eq(stats_number(&with, "unregister", "program"), 1);
-    cr_assert_eq(stats_number(&with, "program", "taken_back"), 1);
+    cr_assert_eq(shim_run_stats_number(&with, "program", "handed_over"), 0);
+    cr_assert_eq(shim_run_stats_number(&with, "unregister", "program"), 1);
+    cr_assert_eq(shim_run_stats_number(&with, "program", "taken_back"), 1);
     cr_assert_eq(printed(&with, "pinned_after_unregister"), 1, "the shim's again");
     shim_run_free(&without);
     shim_run_free(&with);
@@ -175,8 +161,9 @@ Test(sharing, locks_made_by_the_driver_itself_pass_through, .timeout = 60)
         cr_assert_eq(printed(&run, "host_alloc_pinned"), 1);
         cr_assert_eq(printed(&run, "host_alloc_registers"), 0, "%s", run.result.out);
         cr_assert_eq(printed(&run, "host_alloc_unregisters"), 0);
-        cr_assert_eq(stats_number(&run, "register", "skipped_cuda_library"), 1, "%s", run.stats);
-        cr_assert_eq(stats_number(&run, "register", "ok"), 0);
+        cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_cuda_library"), 1, "%s",
+                     run.stats);
+        cr_assert_eq(shim_run_stats_number(&run, "register", "ok"), 0);
         shim_run_free(&run);
     }
 }

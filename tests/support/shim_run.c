@@ -71,3 +71,23 @@ void shim_run_free(struct shim_run *run)
     remove_tree(run->directory);
     free(run->directory);
 }
+
+/* The number after "\"key\": " in the JSON inside the object named section
+ * ("" for the top level). */
+long long shim_run_stats_number(const struct shim_run *run, const char *section, const char *key)
+{
+    cr_assert_not_null(run->stats, "no stats file at %s\nstderr:\n%s", run->stats_path,
+                       run->result.err);
+    const char *from = run->stats;
+    if (section[0] != '\0') {
+        char name[128];
+        snprintf(name, sizeof name, "\"%s\": {", section);
+        from = strstr(run->stats, name);
+        cr_assert_not_null(from, "no \"%s\" in the stats:\n%s", section, run->stats);
+    }
+    char name[128];
+    snprintf(name, sizeof name, "\"%s\": ", key);
+    const char *at = strstr(from, name);
+    cr_assert_not_null(at, "no \"%s\" in \"%s\" of the stats:\n%s", key, section, run->stats);
+    return strtoll(at + strlen(name), NULL, 10);
+}

@@ -29,4 +29,8 @@ void shim_run(struct shim_run *run, const char *const *argv, bool with_shim,
 
 void shim_run_free(struct shim_run *run);
 
+/* The number after "\"key\": " in the JSON statistics inside the object named
+ * section ("" for the top level); fails the test when it is not there. */
+long long shim_run_stats_number(const struct shim_run *run, const char *section, const char *key);
+
 #endif
