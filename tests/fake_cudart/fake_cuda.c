@@ -15,6 +15,7 @@
  */
 #include "fake_cuda.h"
 #include "fake_line.h"
+#include "procmap_query.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -1170,21 +1171,6 @@ static bool file_needs_dirty_tracking(const char *path)
     return fs.f_type != TMPFS_MAGIC && (unsigned long)fs.f_type != (unsigned long)HUGETLBFS_MAGIC &&
            fs.f_type != RAMFS_MAGIC;
 }
-
-/* PROCMAP_QUERY (Linux 6.11): one VMA by address, its permissions and its
- * name, without reading the whole map (a process with 10,000 registrations
- * has 10,000 VMAs). Declared here: older headers lack it. */
-struct procmap_query {
-    uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
-        vma_offset, inode;
-    uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
-    uint64_t vma_name_addr, build_id_addr;
-};
-#define PROCMAP_QUERY_IOCTL _IOWR('f', 17, struct procmap_query)
-#define PROCMAP_QUERY_VMA_READABLE 0x01
-#define PROCMAP_QUERY_VMA_WRITABLE 0x02
-#define PROCMAP_QUERY_VMA_SHARED 0x08
-#define PROCMAP_QUERY_COVERING_OR_NEXT_VMA 0x10
 
 struct vma_view {
     uintptr_t start, end;

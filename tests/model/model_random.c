@@ -109,6 +109,7 @@
 #include "fake_cuda.h"
 #include "fake_cudart.h"
 #include "pinshim.h"
+#include "procmap_query.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
@@ -1507,18 +1508,6 @@ static int mmap_flags(const struct op *op)
     return MAP_PRIVATE | MAP_ANONYMOUS | (op->flags & MMAP_FLAG_LOCKED ? MAP_LOCKED : 0) |
            (op->flags & MMAP_FLAG_NORESERVE ? MAP_NORESERVE : 0);
 }
-
-/* PROCMAP_QUERY (Linux 6.11): one VMA by address, without reading all of
- * /proc/self/maps (the layout probes run at most ops). Declared here: older
- * headers lack it. */
-struct procmap_query {
-    uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
-        vma_offset, inode;
-    uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
-    uint64_t vma_name_addr, build_id_addr;
-};
-#define PROCMAP_QUERY_IOCTL _IOWR('f', 17, struct procmap_query)
-#define PROCMAP_QUERY_COVERING_OR_NEXT_VMA 0x10
 
 static int procmap_fd = -1;
 static pid_t procmap_pid;
