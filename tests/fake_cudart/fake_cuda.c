@@ -1186,13 +1186,7 @@ static pid_t procmap_pid;
  * state_lock held. */
 static int vma_lookup(uintptr_t address, struct vma_view *view)
 {
-    if (procmap_fd < 0 || procmap_pid != getpid()) {
-        /* A fork child must not ask about its parent's address space. */
-        if (procmap_fd >= 0)
-            close(procmap_fd);
-        procmap_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-        procmap_pid = getpid();
-    }
+    procmap_query_fd(&procmap_fd, &procmap_pid);
     struct procmap_query query;
     memset(&query, 0, sizeof query);
     memset(view, 0, sizeof *view);

@@ -5,8 +5,10 @@
 #ifndef FAKE_PROCMAP_QUERY_H
 #define FAKE_PROCMAP_QUERY_H
 
+#include <fcntl.h>
 #include <stdint.h>
 #include <sys/ioctl.h>
+#include <unistd.h>
 
 struct procmap_query {
     uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
@@ -19,5 +21,18 @@ struct procmap_query {
 #define PROCMAP_QUERY_VMA_WRITABLE 0x02
 #define PROCMAP_QUERY_VMA_SHARED 0x08
 #define PROCMAP_QUERY_COVERING_OR_NEXT_VMA 0x10
+
+/* *fd open on this process's /proc/self/maps (opened again after a fork: a
+ * child must not ask about its parent's address space); -1 if it cannot be. */
+static inline int procmap_query_fd(int *fd, pid_t *owner)
+{
+    if (*fd < 0 || *owner != getpid()) {
+        if (*fd >= 0)
+            close(*fd);
+        *fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+        *owner = getpid();
+    }
+    return *fd;
+}
 
 #endif

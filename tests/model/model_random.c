@@ -1521,13 +1521,7 @@ static bool procmap_query(uintptr_t address, uintptr_t *start, uintptr_t *end, b
     *unsupported = procmap_unsupported;
     if (procmap_unsupported)
         return false;
-    if (procmap_fd < 0 || procmap_pid != getpid()) {
-        /* A fork child must not ask about its parent's address space. */
-        if (procmap_fd >= 0)
-            close(procmap_fd);
-        procmap_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-        procmap_pid = getpid();
-    }
+    procmap_query_fd(&procmap_fd, &procmap_pid);
     struct procmap_query query;
     memset(&query, 0, sizeof(query));
     query.size = sizeof(query);
