@@ -65,6 +65,7 @@ struct fake_config {
      * x86 since 550.67; then kernels from 6.5 refuse writable shared file
      * mappings that need dirty tracking. */
     bool longterm_pins;
+    bool pin_rules; /* FAKE_CUDA_PIN_RULES: look at the mapping before pinning */
 };
 
 /* One node of the AVL tree of registrations. Nodes live in one array
@@ -299,6 +300,7 @@ static void load_config_locked(void)
     config.longterm_pins = longterm == NULL || strcmp(longterm, "auto") == 0
                                ? longterm_pins_here()
                                : env_unsigned("FAKE_CUDA_LONGTERM_PINS", 0) != 0;
+    config.pin_rules = env_unsigned("FAKE_CUDA_PIN_RULES", 1) != 0;
     register_fail_counter = 0;
     unregister_fail_counter = 0;
 
@@ -1858,7 +1860,7 @@ static int mem_host_register(uintptr_t base, size_t size, unsigned flags)
      * READ_ONLY_HOST_REGISTER_SUPPORTED is CUDA_ERROR_NOT_SUPPORTED. */
     if (!error && (flags & FAKE_CU_MEMHOSTREGISTER_READ_ONLY) && !config.read_only_register[device])
         error = FAKE_CU_ERROR_NOT_SUPPORTED;
-    if (!error)
+    if (!error && config.pin_rules)
         error = pin_check(page_floor(base), page_of_last_byte(base, size) + page_size,
                           !(flags & FAKE_CU_MEMHOSTREGISTER_READ_ONLY));
     uint32_t node = error ? 0 : node_alloc();

@@ -154,6 +154,12 @@
  *   FAKE_CUDA_HOST_PAGE_TABLES=1           attribute 100 (ATS): populate, never pin
  *   FAKE_CUDA_LONGTERM_PINS=auto|0|1       long-term pins (default auto: on x86-64
  *                                          with Linux 6.5 or later)
+ *   FAKE_CUDA_PIN_RULES=0                  pin any memory without looking at its
+ *                                          mapping (default 1: the rules above). The
+ *                                          look is an ioctl on Linux 6.11+ but reads
+ *                                          /proc/self/smaps on older kernels and under
+ *                                          qemu-user: for tests that count the shim's
+ *                                          file system calls, or a million calls
  *   FAKE_CUDA_LOG=path                     driver events, see below
  *   FAKE_CUDART_FAIL_REGISTER_EVERY=N      cuMemHostRegister calls N, 2N, ... fail
  *                                          without effect (counted among calls that

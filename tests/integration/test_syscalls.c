@@ -85,15 +85,13 @@ static struct counts run_traced(bool with_shim, const char *mode)
     snprintf(preload, sizeof preload, "LD_PRELOAD=%s", with_shim ? required("PINSHIM_LIB") : "");
     snprintf(cudart, sizeof cudart, "PINSHIM_CUDART=%s", required("FAKE_CUDART"));
     snprintf(context, sizeof context, "PINSHIM_CONTEXT=%s", mode);
-    const char *env[] = {preload,
-                         cudart,
-                         context,
-                         "PINSHIM_STATS=",
-                         "PINSHIM_LOG=",
-                         "PINSHIM_ASYNC=",
-                         "FAKE_CUDART_CHECK=0",
-                         "FAKE_CUDART_LOG=",
-                         NULL};
+    const char *env[] = {preload, cudart, context,
+                         "PINSHIM_STATS=", "PINSHIM_LOG=", "PINSHIM_ASYNC=", "FAKE_CUDART_CHECK=0",
+                         /* The double's own look at each mapping reads
+                          * /proc/self/smaps where the kernel lacks
+                          * PROCMAP_QUERY (before 6.11, qemu-user): not the
+                          * shim's calls. */
+                         "FAKE_CUDA_PIN_RULES=0", "FAKE_CUDART_LOG=", NULL};
     const char *argv[] = {strace_or_skip(),
                           "-f",
                           "-qq",
