@@ -9,7 +9,8 @@
  * first access), and log lines are formatted without stdio.
  *
  * Locks: state_lock guards everything but the caller table (object_lock) and
- * the latency sleeps (sleep_lock). dladdr, which takes the dynamic loader's
+ * the latency sleeps (sleep_lock, taken under state_lock at most, never the
+ * other way round). dladdr, which takes the dynamic loader's
  * lock, is only ever called with none of them held, so a thread inside
  * dlopen (holding the loader's lock) that calls in cannot deadlock with us.
  */
@@ -1339,7 +1340,19 @@ static double latency_seconds(size_t size, double seconds_per_gib)
     return seconds_per_gib > 0 ? (double)size / (1024.0 * 1024.0 * 1024.0) * seconds_per_gib : 0;
 }
 
-static void latency_sleep(double seconds)
+/* The wake generation a sleep starts from. Read before the state lock is
+ * released, while the call already counts as in flight: a test that sees it
+ * in flight and wakes the sleepers then cannot wake it before it sleeps (the
+ * wake-up was lost under qemu-user, and the sleep lasted its 1,000 s). */
+static uint64_t sleep_generation(void)
+{
+    pthread_mutex_lock(&sleep_lock);
+    uint64_t generation = wake_generation;
+    pthread_mutex_unlock(&sleep_lock);
+    return generation;
+}
+
+static void latency_sleep(double seconds, uint64_t generation)
 {
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -1353,7 +1366,6 @@ static void latency_sleep(double seconds)
         deadline.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&sleep_lock);
-    uint64_t generation = wake_generation;
     while (wake_generation == generation) {
         if (pthread_cond_timedwait(&sleep_cond, &sleep_lock, &deadline) == ETIMEDOUT)
             break;
@@ -1895,8 +1907,9 @@ static int mem_host_register(uintptr_t base, size_t size, unsigned flags)
 
     uint64_t epoch = state_epoch;
     registrations_in_flight++;
+    uint64_t generation = sleep_generation();
     unlock_state();
-    latency_sleep(seconds);
+    latency_sleep(seconds, generation);
     lock_state();
     node = epoch == state_epoch ? registration_find_exact(base, id) : 0;
     if (epoch == state_epoch)
@@ -1966,8 +1979,9 @@ FAKE_EXPORT int cuMemHostUnregister(void *pointer)
 
     uint64_t epoch = state_epoch;
     unregistrations_in_flight++;
+    uint64_t generation = sleep_generation();
     unlock_state();
-    latency_sleep(seconds);
+    latency_sleep(seconds, generation);
     lock_state();
     if (epoch == state_epoch) {
         unregistrations_in_flight--;
