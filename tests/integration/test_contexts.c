@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "child.h"
+#include "emulation.h"
 #include "shim_run.h"
 
 /* Runs contexts <scenario> [how] with the shim and settings ("K=V", "K=").
@@ -337,12 +338,25 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
  * the program's context: main's device 2, and device 2 for a worker thread
  * that never chose one (the active primary context); mlock, mlock2 and
  * mmap(MAP_LOCKED) alike. Nothing waits (no pinshim_drain). */
+/* Where the kernel has no mlock2 system call (qemu-user 7.2), the program
+ * says "none" and that part cannot be tested; everywhere else it must be
+ * registered on device. */
+static void expect_mlock2_device(const struct shim_run *run, long long device)
+{
+    if (test_kernel_has_mlock2()) {
+        cr_assert_eq(printed_number(run, "mlock2_device"), device, "%s", run->result.out);
+    } else {
+        cr_assert_str_eq(printed(run, "mlock2_device"), "none", "%s", run->result.out);
+        cr_log_info("the kernel has no mlock2 system call: mlock2's return not tested here");
+    }
+}
+
 Test(contexts, pinned_when_the_lock_call_returns_by_default)
 {
     struct shim_run run;
     run_scenario(&run, "pinned-at-return", NULL, NULL);
     cr_assert_eq(printed_number(&run, "mlock_device"), 2, "%s", run.result.out);
-    cr_assert_eq(printed_number(&run, "mlock2_device"), 2);
+    expect_mlock2_device(&run, 2);
     cr_assert_eq(printed_number(&run, "map_locked_device"), 2);
     cr_assert_eq(printed_number(&run, "worker_device"), 2);
     cr_assert_eq(printed_number(&run, "violations"), 0);
@@ -355,7 +369,7 @@ Test(contexts, pinned_when_the_lock_call_returns_by_default)
     const char *create[] = {"PINSHIM_CONTEXT=create", NULL};
     run_scenario(&run, "pinned-at-return", NULL, create);
     cr_assert_eq(printed_number(&run, "mlock_device"), 2, "%s", run.result.out);
-    cr_assert_eq(printed_number(&run, "mlock2_device"), 2);
+    expect_mlock2_device(&run, 2);
     cr_assert_eq(printed_number(&run, "map_locked_device"), 2);
     cr_assert_eq(printed_number(&run, "worker_device"), 0);
     shim_run_free(&run);
