@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "child.h"
+#include "emulation.h"
 #include "live_record.h"
 
 extern char **environ;
@@ -355,6 +356,10 @@ Test(live_records, a_fork_child_has_a_record_of_its_own)
  * ends by exec when the next one locks, and each keeps its own counts. */
 Test(live_records, exec_hands_over_to_the_next_image)
 {
+    /* The next image knows the record for its process's by pid and start
+     * time; qemu-user makes /proc/self/stat's start time up from its own
+     * start, which exec restarts (seen: 1483347 before exec, 1483350 after). */
+    SKIP_UNDER_EMULATOR("its /proc/self/stat start time changes at exec, which Linux's never does");
     struct session session;
     const char *settings[] = {live_setting, NULL};
     session_start(&session, settings);
