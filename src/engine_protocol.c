@@ -289,6 +289,23 @@ static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, boo
  * chunks of at most max_registration_bytes: registered at once, queued for
  * the registration thread, or pending until the process has a context, as
  * choice and the options say. The op's claim covers [start, end). */
+/* A release runs before the real munlock, free or munmap: a mapping the
+ * shim made there could fill a hole the program's call is about to meet (it
+ * did under qemu-user, whose mmap goes upwards: the piece pool's first chunk
+ * landed right past a mapping that the model then unlocked across its end,
+ * and munlock returned 0 instead of ENOMEM). So what a release needs (its
+ * ticket's pieces, the registry's slots for splitting a range at both ends)
+ * is made ready here, after a lock or map call has returned. A release that
+ * needs more still gets it, as before. */
+#define RELEASE_RESERVED_PIECES 64
+#define RELEASE_RESERVED_SPLITS 2
+
+static void reserve_for_releases_locked(struct engine *engine)
+{
+    node_pool_reserve(&engine->piece_pool, RELEASE_RESERVED_PIECES);
+    range_registry_reserve(&engine->registry, RELEASE_RESERVED_SPLITS);
+}
+
 void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
                              uintptr_t lock_start, uintptr_t lock_end, enum engine_choice choice,
                              const struct range_place *place)
@@ -349,6 +366,7 @@ void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t en
             engine_register_record_locked(engine, gap_start, false);
         }
     }
+    reserve_for_releases_locked(engine);
 }
 
 /* ---- releasing ---- */

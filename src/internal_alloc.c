@@ -43,32 +43,54 @@ void node_pool_init(struct node_pool *pool, size_t node_size)
     pool->node_size = (node_size + align - 1) / align * align;
 }
 
+/* A new chunk for the bump allocator; what was left of the old one goes onto
+ * the free list first. */
+static bool add_chunk(struct node_pool *pool)
+{
+    size_t chunk_bytes = POOL_CHUNK_BYTES;
+    if (chunk_bytes < pool->node_size + 64)
+        chunk_bytes = (pool->node_size + 64 + 4095) & ~(size_t)4095;
+    char *chunk = internal_map(chunk_bytes);
+    if (chunk == NULL)
+        return false;
+    while (pool->bump_left >= pool->node_size) {
+        *(void **)pool->bump = pool->free_list;
+        pool->free_list = pool->bump;
+        pool->free_count++;
+        pool->bump += pool->node_size;
+        pool->bump_left -= pool->node_size;
+    }
+    /* The chunk header records the link and the size for destroy. */
+    ((void **)chunk)[0] = pool->chunks;
+    ((size_t *)chunk)[1] = chunk_bytes;
+    pool->chunks = chunk;
+    pool->bump = chunk + 64;
+    pool->bump_left = chunk_bytes - 64;
+    return true;
+}
+
 void *node_pool_get(struct node_pool *pool)
 {
     if (pool->free_list != NULL) {
         void *node = pool->free_list;
         pool->free_list = *(void **)node;
+        pool->free_count--;
         memset(node, 0, pool->node_size);
         return node;
     }
-    if (pool->bump_left < pool->node_size) {
-        size_t chunk_bytes = POOL_CHUNK_BYTES;
-        if (chunk_bytes < pool->node_size + 64)
-            chunk_bytes = (pool->node_size + 64 + 4095) & ~(size_t)4095;
-        char *chunk = internal_map(chunk_bytes);
-        if (chunk == NULL)
-            return NULL;
-        /* The chunk header records the link and the size for destroy. */
-        ((void **)chunk)[0] = pool->chunks;
-        ((size_t *)chunk)[1] = chunk_bytes;
-        pool->chunks = chunk;
-        pool->bump = chunk + 64;
-        pool->bump_left = chunk_bytes - 64;
-    }
+    if (pool->bump_left < pool->node_size && !add_chunk(pool))
+        return NULL;
     void *node = pool->bump;
     pool->bump += pool->node_size;
     pool->bump_left -= pool->node_size;
     return node; /* fresh mappings are zero-filled */
+}
+
+bool node_pool_reserve(struct node_pool *pool, size_t count)
+{
+    if (pool->free_count + pool->bump_left / pool->node_size >= count)
+        return true;
+    return add_chunk(pool);
 }
 
 void node_pool_put(struct node_pool *pool, void *node)
@@ -77,6 +99,7 @@ void node_pool_put(struct node_pool *pool, void *node)
         return;
     *(void **)node = pool->free_list;
     pool->free_list = node;
+    pool->free_count++;
 }
 
 void node_pool_destroy(struct node_pool *pool)

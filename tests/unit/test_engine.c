@@ -343,6 +343,50 @@ Test(engine, lock_registers_whole_pages)
     cr_assert_eq(devices[0].bytes, 33 * PAGE);
 }
 
+/* A release runs before the real call: what it needs is mapped after the
+ * lock that made the range, never inside the release, where a new mapping
+ * could fill a hole the program's call is about to meet. */
+Test(engine, a_release_maps_nothing_of_its_own)
+{
+    lock(A(0), 64 * PAGE);
+    void *piece_chunks = engine.piece_pool.chunks;
+    size_t capacity = engine.registry.capacity;
+    struct range_record *slots = engine.registry.slots;
+    cr_assert_not_null(piece_chunks, "the pieces a release needs are ready after the lock");
+    unlock(A(16 * PAGE), A(32 * PAGE), RELEASE_MUNLOCK); /* splits at both ends */
+    cr_assert_eq(engine.piece_pool.chunks, piece_chunks);
+    cr_assert_eq(engine.registry.capacity, capacity);
+    cr_assert_eq(engine.registry.slots, slots);
+    uintptr_t expected[] = {A(0), A(16 * PAGE), A(32 * PAGE), A(64 * PAGE)};
+    expect_ranges(expected, 2);
+}
+
+/* node_pool_reserve(count): the next count gets map nothing. */
+Test(engine, node_pool_reserve_readies_nodes)
+{
+    struct node_pool pool;
+    node_pool_init(&pool, 48);
+    cr_assert(node_pool_reserve(&pool, 64));
+    void *chunks = pool.chunks;
+    cr_assert_not_null(chunks);
+    void *nodes[64];
+    for (int i = 0; i < 64; i++)
+        cr_assert_not_null(nodes[i] = node_pool_get(&pool));
+    cr_assert_eq(pool.chunks, chunks);
+    for (int i = 0; i < 64; i++)
+        node_pool_put(&pool, nodes[i]);
+    cr_assert_eq(pool.free_count, 64);
+    cr_assert(node_pool_reserve(&pool, 64));
+    cr_assert_eq(pool.chunks, chunks, "the free list counts");
+    /* More than what is left: a new chunk, the old one's rest kept as free nodes. */
+    size_t left = pool.free_count + pool.bump_left / pool.node_size;
+    cr_assert(node_pool_reserve(&pool, left + 1));
+    cr_assert_neq(pool.chunks, chunks);
+    cr_assert_geq(pool.free_count + pool.bump_left / pool.node_size, left + 1);
+    node_pool_destroy(&pool);
+    cr_assert_eq(pool.free_count, 0);
+}
+
 Test(engine, failed_lock_registers_nothing_and_keeps_errno)
 {
     struct scripted fails = {.result = -1, .error = EAGAIN};
