@@ -120,8 +120,7 @@ static uint64_t realtime_ns(void)
     return (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
 }
 
-/* Up to out_size - 1 bytes of a small file (a /proc entry), the last newline cut. */
-static bool read_small_file(const char *path, char *out, size_t out_size)
+bool live_record_read_small_file(const char *path, char *out, size_t out_size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -142,19 +141,17 @@ static bool read_small_file(const char *path, char *out, size_t out_size)
     return used > 0;
 }
 
-/* Field 22 of /proc/self/stat, the start time in clock ticks since boot:
- * with the boot id, it tells this process from a later one with its pid.
- * The second field (the name) may hold spaces and parentheses: count from
- * the last ')'. */
-static uint64_t own_start_ticks(void)
+uint64_t live_record_start_ticks(const char *stat_path)
 {
     char text[1024];
-    if (!read_small_file("/proc/self/stat", text, sizeof(text)))
+    if (!live_record_read_small_file(stat_path, text, sizeof(text)))
         return 0;
+    /* The second field (the name) may hold spaces and parentheses: count
+     * from the last ')'. After ") " comes field 3; field 22 is 19 spaces
+     * further. */
     const char *cursor = strrchr(text, ')');
     if (cursor == NULL)
         return 0;
-    /* After ") " comes field 3; field 22 is 19 spaces further. */
     for (int field = 2; field < 22 && cursor != NULL; field++)
         cursor = strchr(cursor + 1, ' ');
     if (cursor == NULL)
@@ -163,6 +160,20 @@ static uint64_t own_start_ticks(void)
     for (cursor++; *cursor >= '0' && *cursor <= '9'; cursor++)
         ticks = ticks * 10 + (uint64_t)(*cursor - '0');
     return ticks;
+}
+
+uint32_t live_record_pid_namespace(void)
+{
+    char link[64];
+    ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
+    if (n <= 0)
+        return 0;
+    link[n] = '\0';
+    const char *digits = strchr(link, '[');
+    uint64_t inode = 0;
+    for (digits = digits ? digits + 1 : link + n; *digits >= '0' && *digits <= '9'; digits++)
+        inode = inode * 10 + (uint64_t)(*digits - '0');
+    return inode <= UINT32_MAX ? (uint32_t)inode : 0;
 }
 
 bool live_record_default_directory(const char *xdg_runtime_dir, unsigned uid, char *out,
@@ -299,12 +310,14 @@ static void fill_header(struct live_record_header *header,
     header->data_bytes = (uint32_t)data_bytes;
     header->state = LIVE_RECORD_RUNNING;
     header->pid = (int64_t)getpid();
-    header->start_ticks = own_start_ticks();
+    header->start_ticks = live_record_start_ticks("/proc/self/stat");
+    header->pid_namespace = live_record_pid_namespace();
     long ticks = sysconf(_SC_CLK_TCK);
     header->ticks_per_second = ticks > 0 ? (uint64_t)ticks : 0;
     header->created_ns = realtime_ns();
     header->fork_child = identity->fork_child ? 1 : 0;
-    read_small_file("/proc/sys/kernel/random/boot_id", header->boot_id, sizeof(header->boot_id));
+    live_record_read_small_file("/proc/sys/kernel/random/boot_id", header->boot_id,
+                                sizeof(header->boot_id));
     copy_text(header->version_text, sizeof(header->version_text), PINSHIM_VERSION_STRING);
     copy_text(header->context_mode, sizeof(header->context_mode), identity->context_mode);
     copy_text(header->host, sizeof(header->host), identity->host);

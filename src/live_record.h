@@ -67,11 +67,11 @@ struct live_record_header {
     uint64_t created_ns;       /* CLOCK_REALTIME */
     uint64_t ended_ns;         /* CLOCK_REALTIME at EXITED or REPLACED, else 0 */
     uint32_t fork_child;       /* 1: a fork child (its counters start at the fork) */
-    uint32_t reserved;
-    char ended_by[16];     /* "exit", "_exit", "exec"; "" before */
-    char boot_id[40];      /* /proc/sys/kernel/random/boot_id, "" when unreadable */
-    char version_text[24]; /* PINSHIM_VERSION_STRING */
-    char context_mode[16]; /* "program" or "create" */
+    uint32_t pid_namespace;    /* inode of /proc/self/ns/pid (0: unknown), for pruning */
+    char ended_by[16];         /* "exit", "_exit", "exec"; "" before */
+    char boot_id[40];          /* /proc/sys/kernel/random/boot_id, "" when unreadable */
+    char version_text[24];     /* PINSHIM_VERSION_STRING */
+    char context_mode[16];     /* "program" or "create" */
     char host[256];
     char exe[1024];
     char stats_path[1024]; /* where the JSON goes at exit, "" when none */
@@ -136,6 +136,26 @@ int live_record_open_directory(const char *path, bool private_directory, char *w
 void *live_record_create(struct live_record *record, int directory_fd, const char *directory,
                          const char *base_name, const struct live_record_identity *identity,
                          size_t data_bytes, char *why, size_t why_size);
+
+/* Removes, from the default directory (directory_fd), the records of this
+ * user's processes that are gone, so that killed processes do not pile up
+ * in memory (hsperfdata's JVMs do the same at start). Only records made on
+ * this host, boot and pid namespace, other than this process's, are
+ * looked at: one that is ended (exited, replaced by exec) or whose process
+ * is dead (no such pid, or a later process with it) goes at once when it
+ * names no statistics file, and once its last change is older than keep_ns
+ * when it does (what pinshim report DIR reads of a killed job's processes).
+ * Looks at most at max_entries names. Returns how many it removed. */
+size_t live_record_prune(int directory_fd, const char *host, uint64_t now_ns, uint64_t keep_ns,
+                         size_t max_entries);
+
+/* For live_record_prune.c: up to out_size - 1 bytes of a small file (a /proc
+ * entry), the last newline cut; field 22 of a /proc/PID/stat (the start
+ * time in clock ticks since boot, 0 when unreadable); this process's pid
+ * namespace (0 when unknown). */
+bool live_record_read_small_file(const char *path, char *out, size_t out_size);
+uint64_t live_record_start_ticks(const char *stat_path);
+uint32_t live_record_pid_namespace(void);
 
 void live_record_set_state(struct live_record *record, enum live_record_state state,
                            const char *ended_by);

@@ -10,11 +10,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 enum live_state { LIVE_NOT_TRIED = 0, LIVE_STARTING, LIVE_ACTIVE, LIVE_NONE };
 
 int runtime_live_state;
+/* The default directory's records of processes that are gone: those with a
+ * statistics file stay a day, for pinshim report DIR; a process looks at no
+ * more than this many names when it makes its own record. */
+#define LIVE_PRUNE_KEEP_WITH_STATS_NS (24ull * 3600 * 1000000000ull)
+#define LIVE_PRUNE_MAX_ENTRIES 1024
+
 static struct live_record record;
 
 static const char *context_mode_name(void)
@@ -74,6 +81,15 @@ void runtime_live_record_start(void)
         .stats_path = stats_path[0] != '\0' ? stats_path : NULL,
         .fork_child = runtime_is_fork_child(),
     };
+    if (private_directory) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        size_t removed = live_record_prune(
+            directory_fd, host, (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec,
+            LIVE_PRUNE_KEEP_WITH_STATS_NS, LIVE_PRUNE_MAX_ENTRIES);
+        if (removed > 0)
+            log_debug("removed %zu live record(s) of processes gone from %s", removed, directory);
+    }
     void *place = live_record_create(&record, directory_fd, directory, base_name, &identity,
                                      sizeof(struct engine_statistics), why, sizeof(why));
     if (place == NULL) {

@@ -12,11 +12,13 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -414,6 +416,107 @@ Test(live_records, the_default_directory_and_off)
     cr_assert_eq(files_in(expected), 1);
     cr_assert_eq(session_end(&session, SIGKILL), 128 + SIGKILL);
     cr_assert_eq(files_in(expected), 1);
+}
+
+/* Makes the record at path look last changed seconds_ago (creation and
+ * the last_change field), as a reader of its format would write it. */
+static void age_record(const char *path, uint64_t seconds_ago)
+{
+    struct record record;
+    cr_assert(record_read(path, &record), "no record at %s", path);
+    uint64_t then = ((uint64_t)time(NULL) - seconds_ago) * 1000000000ull;
+    off_t last_change = -1;
+    const struct live_record_header *header = record.header;
+    for (uint32_t i = 0; i < header->field_count; i++) {
+        const struct live_record_field *field =
+            (const struct live_record_field *)(record.bytes + header->header_bytes +
+                                               (size_t)i * header->field_bytes);
+        if (strncmp(field->name, "last_change", sizeof(field->name)) == 0)
+            last_change = (off_t)header->data_offset + (off_t)field->offset;
+    }
+    record_free(&record);
+    cr_assert_geq(last_change, 0);
+    int fd = open(path, O_WRONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pwrite(fd, &then, sizeof(then), offsetof(struct live_record_header, created_ns)),
+                 (ssize_t)sizeof(then));
+    cr_assert_eq(pwrite(fd, &then, sizeof(then), last_change), (ssize_t)sizeof(then));
+    close(fd);
+}
+
+static bool exists(const char *path)
+{
+    return access(path, F_OK) == 0;
+}
+
+/* Killed processes' records do not pile up in the default directory: the
+ * next process that makes a record there removes those of processes that
+ * are gone, at once without a statistics file, after a day with one (what
+ * pinshim report DIR reads); running processes' and other hosts' stay. */
+Test(live_records, the_default_directory_keeps_no_records_of_processes_gone)
+{
+    char xdg[1200], stats[1300], records[1300];
+    snprintf(xdg, sizeof(xdg), "XDG_RUNTIME_DIR=%s", directory);
+    snprintf(stats, sizeof(stats), "PINSHIM_STATS=%s/s.%%p.json", directory);
+    snprintf(records, sizeof(records), "%s/pinshim", directory);
+    const char *plain[] = {xdg, NULL}, *with_stats[] = {xdg, stats, NULL};
+    struct session killed, killed_with_stats, old_with_stats, running;
+    char killed_path[1600], killed_with_stats_path[1600], old_path[1600], running_path[1600],
+        other_host_path[1600];
+
+    session_start(&killed, plain);
+    session_say(&killed, "lock", "ok lock");
+    snprintf(killed_path, sizeof(killed_path), "%s/%s.%ld.live", records, hostname,
+             (long)killed.pid);
+    cr_assert_eq(session_end(&killed, SIGKILL), 128 + SIGKILL);
+    cr_assert(exists(killed_path));
+    /* Another host's record (a shared home's runtime directory, say). */
+    snprintf(other_host_path, sizeof(other_host_path), "%s/another-host.1.live", records);
+    char *copy = read_file_text(killed_path);
+    cr_assert_not_null(copy);
+    memset(copy + offsetof(struct live_record_header, host), 0,
+           sizeof(((struct live_record_header *)0)->host));
+    memcpy(copy + offsetof(struct live_record_header, host), "another-host", 12);
+    struct stat info;
+    cr_assert_eq(stat(killed_path, &info), 0);
+    int fd = open(other_host_path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, copy, (size_t)info.st_size), info.st_size);
+    close(fd);
+    free(copy);
+
+    session_start(&killed_with_stats, with_stats);
+    session_say(&killed_with_stats, "lock", "ok lock");
+    snprintf(killed_with_stats_path, sizeof(killed_with_stats_path), "%s/%s.%ld.live", records,
+             hostname, (long)killed_with_stats.pid);
+    cr_assert_not(exists(killed_path), "a killed process's record without statistics stayed");
+    cr_assert_eq(session_end(&killed_with_stats, SIGKILL), 128 + SIGKILL);
+
+    session_start(&old_with_stats, with_stats);
+    session_say(&old_with_stats, "lock", "ok lock");
+    snprintf(old_path, sizeof(old_path), "%s/%s.%ld.live", records, hostname,
+             (long)old_with_stats.pid);
+    cr_assert(exists(killed_with_stats_path), "removed before its day was over");
+    cr_assert_eq(session_end(&old_with_stats, SIGKILL), 128 + SIGKILL);
+    age_record(old_path, 2 * 24 * 3600);
+
+    session_start(&running, plain);
+    session_say(&running, "lock", "ok lock");
+    snprintf(running_path, sizeof(running_path), "%s/%s.%ld.live", records, hostname,
+             (long)running.pid);
+    cr_assert_not(exists(old_path), "a record with statistics two days old stayed");
+    cr_assert(exists(killed_with_stats_path));
+    cr_assert(exists(other_host_path), "another host's record was removed");
+
+    /* The running process's record stays while another comes and goes. */
+    struct session last;
+    session_start(&last, plain);
+    session_say(&last, "lock", "ok lock");
+    cr_assert(exists(running_path), "a running process's record was removed");
+    cr_assert_eq(session_end(&last, 0), 0);
+    cr_assert(exists(running_path));
+    cr_assert_eq(session_end(&running, 0), 0);
+    cr_assert_eq(files_in(records), 2, "left: the killed one with statistics, the other host's");
 }
 
 /* A directory that cannot take the record: one warning, the program goes on. */

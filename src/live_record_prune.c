@@ -1,0 +1,135 @@
+/* Pruning the default directory's records of processes that are gone: each
+ * killed process leaves 12 KiB on a memory file system, and a node that runs
+ * multiprocessing pools (whose __exit__ kills the workers) day after day
+ * would fill its memory with them. The directory is read with getdents64
+ * (opendir would allocate through the interposed malloc). */
+#include "engine.h"
+#include "live_record.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+struct directory_entry { /* the kernel's linux_dirent64 */
+    uint64_t inode;
+    int64_t next_offset;
+    uint16_t record_bytes;
+    uint8_t type;
+    char name[];
+};
+
+static bool has_suffix(const char *name, const char *suffix)
+{
+    size_t length = strlen(name), suffix_length = strlen(suffix);
+    return length > suffix_length && strcmp(name + length - suffix_length, suffix) == 0;
+}
+
+/* Whether the record's process may still run: its pid exists, and the
+ * process that has it now did not start later than the record's (a later
+ * start is a later process with a reused pid). Not "the same start time":
+ * qemu-user makes its own up, a little after the kernel's, and only for the
+ * process itself. When it cannot be told, it is taken as running. */
+static bool process_runs(const struct live_record_header *header)
+{
+    if (header->pid <= 0 || header->pid > INT32_MAX)
+        return true;
+    if (kill((pid_t)header->pid, 0) != 0 && errno == ESRCH)
+        return false;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%lld/stat", (long long)header->pid);
+    uint64_t ticks = live_record_start_ticks(path);
+    return ticks == 0 || ticks <= header->start_ticks;
+}
+
+/* The newest time the record names: its creation, its end, its last change. */
+static uint64_t last_change_ns(int fd, const struct live_record_header *header)
+{
+    uint64_t newest = header->created_ns > header->ended_ns ? header->created_ns : header->ended_ns;
+    uint64_t changed = 0;
+    off_t at =
+        (off_t)header->data_offset + (off_t)offsetof(struct engine_statistics, last_change_ns);
+    if (header->data_bytes >= sizeof(struct engine_statistics) &&
+        pread(fd, &changed, sizeof(changed), at) == (ssize_t)sizeof(changed) && changed > newest)
+        newest = changed;
+    return newest;
+}
+
+/* Whether the record at name (open as fd) may go. */
+static bool record_is_stale(int fd, const struct live_record_header *ours, uint64_t now_ns,
+                            uint64_t keep_ns)
+{
+    struct live_record_header header;
+    struct stat info;
+    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_uid != geteuid() ||
+        pread(fd, &header, sizeof(header), 0) != (ssize_t)sizeof(header) ||
+        memcmp(header.magic, LIVE_RECORD_MAGIC, sizeof(header.magic)) != 0 ||
+        header.version != LIVE_RECORD_VERSION || header.byte_order != LIVE_RECORD_BYTE_ORDER)
+        return false;
+    /* Only what this process can judge: its host, boot and pid namespace
+     * (a container sharing the directory sees other pids), not itself. */
+    if (strncmp(header.host, ours->host, sizeof(header.host)) != 0 || ours->boot_id[0] == '\0' ||
+        strncmp(header.boot_id, ours->boot_id, sizeof(header.boot_id)) != 0 ||
+        ours->pid_namespace == 0 || header.pid_namespace != ours->pid_namespace ||
+        header.pid == ours->pid)
+        return false;
+    bool ended = header.state == LIVE_RECORD_EXITED || header.state == LIVE_RECORD_REPLACED;
+    if (!ended && process_runs(&header))
+        return false;
+    if (header.stats_path[0] == '\0')
+        return true;
+    uint64_t changed = last_change_ns(fd, &header);
+    return changed <= now_ns && now_ns - changed > keep_ns;
+}
+
+size_t live_record_prune(int directory_fd, const char *host, uint64_t now_ns, uint64_t keep_ns,
+                         size_t max_entries)
+{
+    struct live_record_header ours;
+    memset(&ours, 0, sizeof(ours));
+    ours.pid = (int64_t)getpid();
+    ours.pid_namespace = live_record_pid_namespace();
+    snprintf(ours.host, sizeof(ours.host), "%s", host);
+    live_record_read_small_file("/proc/sys/kernel/random/boot_id", ours.boot_id,
+                                sizeof(ours.boot_id));
+    if (ours.pid_namespace == 0 || ours.boot_id[0] == '\0')
+        return 0;
+    /* A descriptor of its own: directory_fd's read position stays as it is. */
+    int listing = openat(directory_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (listing < 0)
+        return 0;
+    size_t removed = 0, seen = 0;
+    _Alignas(8) char buffer[4096];
+    for (;;) {
+        long bytes = syscall(SYS_getdents64, listing, buffer, sizeof(buffer));
+        if (bytes <= 0)
+            break;
+        for (long offset = 0; offset < bytes && seen < max_entries;) {
+            const struct directory_entry *entry = (const void *)(buffer + offset);
+            offset += entry->record_bytes;
+            if (!has_suffix(entry->name, LIVE_RECORD_SUFFIX))
+                continue;
+            seen++;
+            int fd =
+                openat(directory_fd, entry->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+            if (fd < 0)
+                continue;
+            struct stat opened, named;
+            /* Still the file that was judged (not one made since at its name). */
+            if (record_is_stale(fd, &ours, now_ns, keep_ns) && fstat(fd, &opened) == 0 &&
+                fstatat(directory_fd, entry->name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+                opened.st_dev == named.st_dev && opened.st_ino == named.st_ino &&
+                unlinkat(directory_fd, entry->name, 0) == 0)
+                removed++;
+            close(fd);
+        }
+        if (seen >= max_entries)
+            break;
+    }
+    close(listing);
+    return removed;
+}
