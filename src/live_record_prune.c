@@ -15,13 +15,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-struct directory_entry { /* the kernel's linux_dirent64 */
-    uint64_t inode;
-    int64_t next_offset;
-    uint16_t record_bytes;
-    uint8_t type;
-    char name[];
-};
+/* The kernel's struct linux_dirent64: d_ino (8 bytes), d_off (8), d_reclen
+ * (2), d_type (1), then the name. */
+#define DIRENT_RECORD_BYTES_AT 16
+#define DIRENT_TYPE_AT 18
+#define DIRENT_NAME_AT 19
+#define DIRENT_TYPE_UNKNOWN 0
+#define DIRENT_TYPE_REGULAR 8
 
 static bool has_suffix(const char *name, const char *suffix)
 {
@@ -109,21 +109,27 @@ size_t live_record_prune(int directory_fd, const char *host, uint64_t now_ns, ui
         if (bytes <= 0)
             break;
         for (long offset = 0; offset < bytes && seen < max_entries;) {
-            const struct directory_entry *entry = (const void *)(buffer + offset);
-            offset += entry->record_bytes;
-            if (!has_suffix(entry->name, LIVE_RECORD_SUFFIX))
+            const char *entry = buffer + offset;
+            uint16_t record_bytes;
+            memcpy(&record_bytes, entry + DIRENT_RECORD_BYTES_AT, sizeof(record_bytes));
+            if (record_bytes == 0)
+                break;
+            offset += record_bytes;
+            uint8_t type = (uint8_t)entry[DIRENT_TYPE_AT];
+            const char *name = entry + DIRENT_NAME_AT;
+            if ((type != DIRENT_TYPE_REGULAR && type != DIRENT_TYPE_UNKNOWN) ||
+                !has_suffix(name, LIVE_RECORD_SUFFIX))
                 continue;
             seen++;
-            int fd =
-                openat(directory_fd, entry->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+            int fd = openat(directory_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
             if (fd < 0)
                 continue;
             struct stat opened, named;
             /* Still the file that was judged (not one made since at its name). */
             if (record_is_stale(fd, &ours, now_ns, keep_ns) && fstat(fd, &opened) == 0 &&
-                fstatat(directory_fd, entry->name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+                fstatat(directory_fd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
                 opened.st_dev == named.st_dev && opened.st_ino == named.st_ino &&
-                unlinkat(directory_fd, entry->name, 0) == 0)
+                unlinkat(directory_fd, name, 0) == 0)
                 removed++;
             close(fd);
         }
