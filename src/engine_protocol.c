@@ -285,10 +285,6 @@ static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, boo
     return true;
 }
 
-/* Adds records for the pages of [start, end) that no record covers, in
- * chunks of at most max_registration_bytes: registered at once, queued for
- * the registration thread, or pending until the process has a context, as
- * choice and the options say. The op's claim covers [start, end). */
 /* A release runs before the real munlock, free or munmap: a mapping the
  * shim made there could fill a hole the program's call is about to meet (it
  * did under qemu-user, whose mmap goes upwards: the piece pool's first chunk
@@ -306,6 +302,10 @@ static void reserve_for_releases_locked(struct engine *engine)
     range_registry_reserve(&engine->registry, RELEASE_RESERVED_SPLITS);
 }
 
+/* Adds records for the pages of [start, end) that no record covers, in
+ * chunks of at most max_registration_bytes: registered at once, queued for
+ * the registration thread, or pending until the process has a context, as
+ * choice and the options say. The op's claim covers [start, end). */
 void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
                              uintptr_t lock_start, uintptr_t lock_end, enum engine_choice choice,
                              const struct range_place *place)
@@ -554,8 +554,6 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
         reregister_part_locked(op, end);
 }
 
-/* Releases every record overlapping request's pages (for a block: as the
- * block rule says). The op's claim covers them and the records around. */
 /* Whether another lock still needs page q of the record at base (a page the
  * free of a block would release): the neighbouring records hold the locks
  * made after this record covered the page, and one of them locked bytes of
@@ -585,6 +583,8 @@ static bool another_lock_needs_page_locked(struct engine *engine, const struct r
     return false;
 }
 
+/* Releases every record overlapping request's pages (for a block: as the
+ * block rule says). The op's claim covers them and the records around. */
 void engine_release_locked(struct engine_op *op, const struct release_request *request)
 {
     struct engine *engine = op->engine;

@@ -101,7 +101,7 @@ static uint64_t window_entry(struct engine *engine, uintptr_t granule, struct da
  * [start, end) from the registry, then those before start that looked ahead
  * into it, from the nearest down, until one that sees a danger of its own
  * first (the entries further down see it too: unchanged). */
-static void window_refresh_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+void engine_window_refresh_locked(struct engine *engine, uintptr_t start, uintptr_t end)
 {
     uint64_t *map = engine->window_entries;
     uintptr_t base = engine->free_view.window_before + 1;
@@ -153,11 +153,6 @@ static void window_refresh_locked(struct engine *engine, uintptr_t start, uintpt
             break; /* a danger of its own, before start */
         __atomic_store_n(&map[at], reach - next, __ATOMIC_RELAXED);
     }
-}
-
-void engine_window_refresh_locked(struct engine *engine, uintptr_t start, uintptr_t end)
-{
-    window_refresh_locked(engine, start, end);
 }
 
 /* The window goes where the first record is, once; a failed mapping leaves
@@ -287,7 +282,7 @@ struct range_record *engine_insert_record_locked(struct engine *engine,
     if (stored == NULL)
         return NULL;
     window_place(engine, record->base);
-    window_refresh_locked(engine, record->base, record->end);
+    engine_window_refresh_locked(engine, record->base, record->end);
     publish_record_count(engine);
     __atomic_store_n(engine->gate, engine->span_end - 1, __ATOMIC_RELAXED);
     engine_account_state_locked(engine, stored, 1);
@@ -302,7 +297,7 @@ void engine_remove_record_locked(struct engine *engine, uintptr_t base)
     engine_account_state_locked(engine, record, -1);
     uintptr_t end = record->end;
     range_registry_remove(&engine->registry, base);
-    window_refresh_locked(engine, base, end);
+    engine_window_refresh_locked(engine, base, end);
     publish_record_count(engine);
 }
 
