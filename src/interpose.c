@@ -240,6 +240,16 @@ static long run_realloc(void *arguments)
     return (long)real.realloc(call->ptr, call->nmemb * call->size);
 }
 
+/* The block [start, end) may hold registered pages: they go, as the free
+ * rule says, around call, the call that frees it (free, or an operator
+ * delete). */
+static void release_freed_block(uintptr_t start, uintptr_t end, const struct engine_call *call)
+{
+    runtime_guard_enter();
+    engine_release_block(&runtime_engine, start, end, RELEASE_FREE, false, call);
+    runtime_guard_leave();
+}
+
 __attribute__((noinline)) static void free_with_registrations(void *ptr)
 {
     uintptr_t start, end;
@@ -249,9 +259,7 @@ __attribute__((noinline)) static void free_with_registrations(void *ptr)
     }
     struct block_call arguments = {.ptr = ptr};
     struct engine_call call = {run_free, &arguments};
-    runtime_guard_enter();
-    engine_release_block(&runtime_engine, start, end, RELEASE_FREE, false, &call);
-    runtime_guard_leave();
+    release_freed_block(start, end, &call);
 }
 
 /* With registrations, the block not cleared by free's fast checks: below
@@ -302,9 +310,7 @@ void interpose_release_block(void *ptr, long (*run)(void *), void *arguments)
         return;
     }
     struct engine_call call = {run, arguments};
-    runtime_guard_enter();
-    engine_release_block(&runtime_engine, start, end, RELEASE_FREE, false, &call);
-    runtime_guard_leave();
+    release_freed_block(start, end, &call);
 }
 
 void interpose_free(void *ptr)
