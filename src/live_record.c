@@ -120,7 +120,8 @@ static uint64_t realtime_ns(void)
     return (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
 }
 
-bool live_record_read_small_file(const char *path, char *out, size_t out_size)
+/* Up to out_size - 1 bytes of a small file (a /proc entry), the last newline cut. */
+static bool read_small_file(const char *path, char *out, size_t out_size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -144,7 +145,7 @@ bool live_record_read_small_file(const char *path, char *out, size_t out_size)
 uint64_t live_record_start_ticks(const char *stat_path)
 {
     char text[1024];
-    if (!live_record_read_small_file(stat_path, text, sizeof(text)))
+    if (!read_small_file(stat_path, text, sizeof(text)))
         return 0;
     /* The second field (the name) may hold spaces and parentheses: count
      * from the last ')'. After ") " comes field 3; field 22 is 19 spaces
@@ -162,7 +163,8 @@ uint64_t live_record_start_ticks(const char *stat_path)
     return ticks;
 }
 
-uint32_t live_record_pid_namespace(void)
+/* This process's pid namespace: the inode of /proc/self/ns/pid, 0 when unknown. */
+static uint32_t pid_namespace(void)
 {
     char link[64];
     ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
@@ -311,13 +313,12 @@ static void fill_header(struct live_record_header *header,
     header->state = LIVE_RECORD_RUNNING;
     header->pid = (int64_t)getpid();
     header->start_ticks = live_record_start_ticks("/proc/self/stat");
-    header->pid_namespace = live_record_pid_namespace();
+    header->pid_namespace = pid_namespace();
     long ticks = sysconf(_SC_CLK_TCK);
     header->ticks_per_second = ticks > 0 ? (uint64_t)ticks : 0;
     header->created_ns = realtime_ns();
     header->fork_child = identity->fork_child ? 1 : 0;
-    live_record_read_small_file("/proc/sys/kernel/random/boot_id", header->boot_id,
-                                sizeof(header->boot_id));
+    read_small_file("/proc/sys/kernel/random/boot_id", header->boot_id, sizeof(header->boot_id));
     copy_text(header->version_text, sizeof(header->version_text), PINSHIM_VERSION_STRING);
     copy_text(header->context_mode, sizeof(header->context_mode), identity->context_mode);
     copy_text(header->host, sizeof(header->host), identity->host);
@@ -327,7 +328,8 @@ static void fill_header(struct live_record_header *header,
 
 void *live_record_create(struct live_record *record, int directory_fd, const char *directory,
                          const char *base_name, const struct live_record_identity *identity,
-                         size_t data_bytes, char *why, size_t why_size)
+                         struct live_record_prune *prune, size_t data_bytes, char *why,
+                         size_t why_size)
 {
     memset(record, 0, sizeof(*record));
     size_t header_bytes = ALIGN_UP(sizeof(struct live_record_header), 64);
@@ -336,6 +338,8 @@ void *live_record_create(struct live_record *record, int directory_fd, const cha
     size_t file_bytes = ALIGN_UP(data_offset + data_bytes, page > 0 ? (size_t)page : 4096);
     struct live_record_header header;
     fill_header(&header, identity, data_offset, data_bytes);
+    if (prune != NULL)
+        live_record_prune(directory_fd, &header, prune);
 
     int fd = -1;
     for (int attempt = 0; attempt < NAME_ATTEMPTS && fd < 0; attempt++) {

@@ -125,37 +125,43 @@ bool live_record_default_directory(const char *xdg_runtime_dir, unsigned uid, ch
 int live_record_open_directory(const char *path, bool private_directory, char *why,
                                size_t why_size);
 
+/* Pruning the default directory (live_record_prune.c): records of this
+ * user's processes that are gone, so that killed processes do not pile up
+ * in memory (hsperfdata's JVMs do the same at start). ours is the new
+ * record's header: only records made on its host, boot and pid namespace,
+ * by another process, are looked at: one that is ended (exited, replaced by exec) or whose process
+ * is dead (no such pid, or a later process with it) goes at once when it
+ * names no statistics file, and once its last change is older than
+ * keep_with_stats_ns when it does (what pinshim report DIR reads of a killed
+ * job's processes). At most max_entries names are looked at; removed says
+ * how many went. */
+struct live_record_prune {
+    uint64_t keep_with_stats_ns;
+    size_t max_entries;
+    size_t removed; /* out */
+};
+
+void live_record_prune(int directory_fd, const struct live_record_header *ours,
+                       struct live_record_prune *prune);
+
 /* Makes the record in the directory (directory_fd, opened from path
  * directory): a new file (O_CREAT|O_EXCL|O_NOFOLLOW,
  * mode 0666 less the umask, as the stats file), named base_name + ".live",
  * or base_name + ".N.live" when that is taken (a record of an earlier process
  * with the same pid, or of this process before an exec: that one is marked
  * REPLACED). data_bytes of counters follow the field table; the header says
- * RUNNING. Returns a pointer to the counters (zeroed), or NULL with why
- * filled in; closes directory_fd either way. */
+ * RUNNING. With prune (not NULL) the directory is pruned first, as
+ * live_record_prune says, by this record's header. Returns a pointer to the
+ * counters (zeroed), or NULL with why filled in; closes directory_fd either
+ * way. */
 void *live_record_create(struct live_record *record, int directory_fd, const char *directory,
                          const char *base_name, const struct live_record_identity *identity,
-                         size_t data_bytes, char *why, size_t why_size);
+                         struct live_record_prune *prune, size_t data_bytes, char *why,
+                         size_t why_size);
 
-/* Removes, from the default directory (directory_fd), the records of this
- * user's processes that are gone, so that killed processes do not pile up
- * in memory (hsperfdata's JVMs do the same at start). Only records made on
- * this host, boot and pid namespace, other than this process's, are
- * looked at: one that is ended (exited, replaced by exec) or whose process
- * is dead (no such pid, or a later process with it) goes at once when it
- * names no statistics file, and once its last change is older than keep_ns
- * when it does (what pinshim report DIR reads of a killed job's processes).
- * Looks at most at max_entries names. Returns how many it removed. */
-size_t live_record_prune(int directory_fd, const char *host, uint64_t now_ns, uint64_t keep_ns,
-                         size_t max_entries);
-
-/* For live_record_prune.c: up to out_size - 1 bytes of a small file (a /proc
- * entry), the last newline cut; field 22 of a /proc/PID/stat (the start
- * time in clock ticks since boot, 0 when unreadable); this process's pid
- * namespace (0 when unknown). */
-bool live_record_read_small_file(const char *path, char *out, size_t out_size);
+/* For live_record_prune.c: field 22 of a /proc/PID/stat (the start time in
+ * clock ticks since boot, 0 when unreadable). */
 uint64_t live_record_start_ticks(const char *stat_path);
-uint32_t live_record_pid_namespace(void);
 
 void live_record_set_state(struct live_record *record, enum live_record_state state,
                            const char *ended_by);

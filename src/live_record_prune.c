@@ -86,29 +86,23 @@ static bool record_is_stale(int fd, const struct live_record_header *ours, uint6
     return changed <= now_ns && now_ns - changed > keep_ns;
 }
 
-size_t live_record_prune(int directory_fd, const char *host, uint64_t now_ns, uint64_t keep_ns,
-                         size_t max_entries)
+void live_record_prune(int directory_fd, const struct live_record_header *ours,
+                       struct live_record_prune *prune)
 {
-    struct live_record_header ours;
-    memset(&ours, 0, sizeof(ours));
-    ours.pid = (int64_t)getpid();
-    ours.pid_namespace = live_record_pid_namespace();
-    snprintf(ours.host, sizeof(ours.host), "%s", host);
-    live_record_read_small_file("/proc/sys/kernel/random/boot_id", ours.boot_id,
-                                sizeof(ours.boot_id));
-    if (ours.pid_namespace == 0 || ours.boot_id[0] == '\0')
-        return 0;
+    prune->removed = 0;
+    if (ours->pid_namespace == 0 || ours->boot_id[0] == '\0')
+        return;
     /* A descriptor of its own: directory_fd's read position stays as it is. */
     int listing = openat(directory_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (listing < 0)
-        return 0;
-    size_t removed = 0, seen = 0;
+        return;
+    size_t seen = 0;
     _Alignas(8) char buffer[4096];
     for (;;) {
         long bytes = syscall(SYS_getdents64, listing, buffer, sizeof(buffer));
         if (bytes <= 0)
             break;
-        for (long offset = 0; offset < bytes && seen < max_entries;) {
+        for (long offset = 0; offset < bytes && seen < prune->max_entries;) {
             const char *entry = buffer + offset;
             uint16_t record_bytes;
             memcpy(&record_bytes, entry + DIRENT_RECORD_BYTES_AT, sizeof(record_bytes));
@@ -126,16 +120,16 @@ size_t live_record_prune(int directory_fd, const char *host, uint64_t now_ns, ui
                 continue;
             struct stat opened, named;
             /* Still the file that was judged (not one made since at its name). */
-            if (record_is_stale(fd, &ours, now_ns, keep_ns) && fstat(fd, &opened) == 0 &&
+            if (record_is_stale(fd, ours, ours->created_ns, prune->keep_with_stats_ns) &&
+                fstat(fd, &opened) == 0 &&
                 fstatat(directory_fd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
                 opened.st_dev == named.st_dev && opened.st_ino == named.st_ino &&
                 unlinkat(directory_fd, name, 0) == 0)
-                removed++;
+                prune->removed++;
             close(fd);
         }
-        if (seen >= max_entries)
+        if (seen >= prune->max_entries)
             break;
     }
     close(listing);
-    return removed;
 }

@@ -670,8 +670,7 @@ void runtime_note_mlockall(int flags, int result)
         __atomic_store_n(&future_mappings_locked,
                          (flags & MCL_FUTURE) != 0 && (flags & MCL_ONFAULT) == 0, __ATOMIC_RELAXED);
     engine_count(&engine_stats(&runtime_engine)->mlockall_calls);
-    if (__atomic_load_n(&runtime_live_state, __ATOMIC_RELAXED) == 0)
-        runtime_live_record_start();
+    runtime_live_record_start_once();
     if (__atomic_exchange_n(&mlockall_logged, 1, __ATOMIC_RELAXED) == 0)
         log_info("mlockall is passed through and counted; its pages are not registered");
 }

@@ -70,13 +70,19 @@ void runtime_live_record_finish(const char *ended_by, bool statistics_kept);
 void runtime_live_record_after_fork_child(void);
 bool runtime_is_fork_child(void);
 
-/* Counts a lock call (mlock, mlock2, MAP_LOCKED, a lock made by CUDA itself)
- * and, at the first, makes the live record. */
+/* Makes the live record at the process's first lock call (mlock, mlock2,
+ * MAP_LOCKED, mlockall, a lock made by CUDA itself); one relaxed load after. */
+static inline void runtime_live_record_start_once(void)
+{
+    if (__builtin_expect(__atomic_load_n(&runtime_live_state, __ATOMIC_RELAXED) == 0, 0))
+        runtime_live_record_start();
+}
+
+/* Counts a lock call and, at the first, makes the live record. */
 static inline void runtime_count_lock_call(void)
 {
     engine_count(&engine_stats(&runtime_engine)->lock_calls);
-    if (__builtin_expect(__atomic_load_n(&runtime_live_state, __ATOMIC_RELAXED) == 0, 0))
-        runtime_live_record_start();
+    runtime_live_record_start_once();
 }
 
 /* _exit, _Exit: the process ends now, without exit handlers or destructors.

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 enum live_state { LIVE_NOT_TRIED = 0, LIVE_STARTING, LIVE_ACTIVE, LIVE_NONE };
@@ -81,16 +80,11 @@ void runtime_live_record_start(void)
         .stats_path = stats_path[0] != '\0' ? stats_path : NULL,
         .fork_child = runtime_is_fork_child(),
     };
-    if (private_directory) {
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        size_t removed = live_record_prune(
-            directory_fd, host, (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec,
-            LIVE_PRUNE_KEEP_WITH_STATS_NS, LIVE_PRUNE_MAX_ENTRIES);
-        if (removed > 0)
-            log_debug("removed %zu live record(s) of processes gone from %s", removed, directory);
-    }
+    /* The default directory is pruned; a directory the user named is left
+     * to the user (pinshim report --prune). */
+    struct live_record_prune prune = {LIVE_PRUNE_KEEP_WITH_STATS_NS, LIVE_PRUNE_MAX_ENTRIES, 0};
     void *place = live_record_create(&record, directory_fd, directory, base_name, &identity,
+                                     private_directory ? &prune : NULL,
                                      sizeof(struct engine_statistics), why, sizeof(why));
     if (place == NULL) {
         log_warn("no live record in %.300s (%s): pinshim top will not show this process and a "
@@ -100,6 +94,8 @@ void runtime_live_record_start(void)
     }
     engine_statistics_move_to(&runtime_engine, place);
     log_debug("live record %s/%s", directory, record.name);
+    if (prune.removed > 0)
+        log_debug("removed %zu live record(s) of processes gone from %s", prune.removed, directory);
     outcome = LIVE_ACTIVE;
 done:
     __atomic_store_n(&runtime_live_state, outcome, __ATOMIC_RELEASE);

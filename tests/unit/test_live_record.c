@@ -50,7 +50,7 @@ static void *create(struct live_record *record, const char *base_name)
 {
     char why[512];
     void *counters = live_record_create(record, open_directory(), directory, base_name, &identity,
-                                        sizeof(struct engine_statistics), why, sizeof(why));
+                                        NULL, sizeof(struct engine_statistics), why, sizeof(why));
     cr_assert_not_null(counters, "%s", why);
     return counters;
 }
