@@ -37,38 +37,6 @@ static void run_scenario(struct shim_run *run, const char *scenario, const char 
     shim_run(run, argv, true, defaults, settings);
 }
 
-/* The value printed as "key=value", as a string (asserts it was printed). */
-static const char *printed(const struct shim_run *run, const char *key)
-{
-    static char value[256];
-    char needle[128];
-    snprintf(needle, sizeof needle, "%s=", key);
-    for (const char *line = run->result.out; line != NULL && *line;) {
-        if (strncmp(line, needle, strlen(needle)) == 0) {
-            size_t length = strcspn(line + strlen(needle), "\n");
-            if (length >= sizeof value)
-                length = sizeof value - 1;
-            memcpy(value, line + strlen(needle), length);
-            value[length] = '\0';
-            return value;
-        }
-        const char *newline = strchr(line, '\n');
-        line = newline ? newline + 1 : NULL;
-    }
-    cr_assert_fail("\"%s\" not printed:\n%s\nstderr:\n%s", key, run->result.out, run->result.err);
-    return NULL;
-}
-
-static long long printed_number(const struct shim_run *run, const char *key)
-{
-    return strtoll(printed(run, key), NULL, 10);
-}
-
-static void expect_no_warning(const struct shim_run *run)
-{
-    cr_assert(strstr(run->result.err, "pinshim:") == NULL, "the shim warned:\n%s", run->result.err);
-}
-
 /* Main chose device 3 of 4; a worker with no context locks. Registered in
  * device 3's context, no context anywhere by the shim, the worker's context
  * stack as it was; a worker that chose device 1 gets device 1; a worker in
@@ -77,19 +45,19 @@ static void expect_program_contexts(const char *const *settings)
 {
     struct shim_run run;
     run_scenario(&run, "worker-after-set-device", NULL, settings);
-    cr_assert_eq(printed_number(&run, "plain_device"), 3);
-    cr_assert_eq(printed_number(&run, "plain_stack_unchanged"), 1);
-    cr_assert_eq(printed_number(&run, "chose_device"), 1);
-    cr_assert_eq(printed_number(&run, "chose_stack_unchanged"), 1);
-    cr_assert_eq(printed_number(&run, "own_in_its_context"), 1);
-    cr_assert_eq(printed_number(&run, "own_stack_unchanged"), 1);
-    cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
-    cr_assert_eq(printed_number(&run, "contexts_on_device_0"), 0);
-    cr_assert_eq(printed_number(&run, "violations"), 0);
-    cr_assert_eq(printed_number(&run, "live_after_release"), 0);
-    cr_assert_eq(printed_number(&run, "violations_after_release"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "plain_device"), 3);
+    cr_assert_eq(shim_run_printed_number(&run, "plain_stack_unchanged"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "chose_device"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "chose_stack_unchanged"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "own_in_its_context"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "own_stack_unchanged"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "contexts_by_shim"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "contexts_on_device_0"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "violations"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "live_after_release"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "violations_after_release"), 0);
     cr_assert_eq(shim_run_stats_number(&run, "context", "contexts_created"), 0);
-    expect_no_warning(&run);
+    shim_run_expect_no_warning(&run);
     shim_run_free(&run);
 }
 
@@ -126,9 +94,9 @@ Test(contexts, create_mode_creates_a_context_on_device_0)
     struct shim_run run;
     const char *settings[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=off", NULL};
     run_scenario(&run, "worker-after-set-device", NULL, settings);
-    cr_assert_eq(printed_number(&run, "plain_device"), 0);
-    cr_assert_gt(printed_number(&run, "contexts_by_shim"), 0);
-    cr_assert_gt(printed_number(&run, "contexts_on_device_0"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "plain_device"), 0);
+    cr_assert_gt(shim_run_printed_number(&run, "contexts_by_shim"), 0);
+    cr_assert_gt(shim_run_printed_number(&run, "contexts_on_device_0"), 0);
     cr_assert_gt(shim_run_stats_number(&run, "context", "contexts_created"), 0);
     shim_run_free(&run);
 }
@@ -140,9 +108,9 @@ Test(contexts, create_mode_with_the_thread_uses_the_locking_threads_device)
     struct shim_run run;
     const char *settings[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=on", NULL};
     run_scenario(&run, "worker-after-set-device", NULL, settings);
-    cr_assert_eq(printed_number(&run, "chose_device"), 1);
-    cr_assert_eq(printed_number(&run, "plain_device"), 0);
-    cr_assert_eq(printed_number(&run, "violations"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "chose_device"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "plain_device"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "violations"), 0);
     shim_run_free(&run);
 }
 
@@ -150,19 +118,19 @@ static void expect_registered_once_initialised(const char *how)
 {
     struct shim_run run;
     run_scenario(&run, "lock-then-init", how, NULL);
-    cr_assert_eq(printed_number(&run, "driver_loaded_before"), 0);
-    cr_assert_eq(printed_number(&run, "thread_before"), 1); /* the watcher */
-    cr_assert_eq(printed_number(&run, "pending_before"), 1);
-    cr_assert_eq(printed_number(&run, "device"), 2);
-    cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
-    cr_assert_eq(printed_number(&run, "pending_after"), 0);
-    cr_assert_eq(printed_number(&run, "violations"), 0);
-    cr_assert_eq(printed_number(&run, "live_after_release"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "driver_loaded_before"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "thread_before"), 1); /* the watcher */
+    cr_assert_eq(shim_run_printed_number(&run, "pending_before"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "device"), 2);
+    cr_assert_eq(shim_run_printed_number(&run, "contexts_by_shim"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "pending_after"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "violations"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "live_after_release"), 0);
     cr_assert_eq(shim_run_stats_number(&run, "deferred", "ranges"), 1);
     cr_assert_eq(shim_run_stats_number(&run, "deferred", "registered_later"), 1);
     cr_assert_eq(shim_run_stats_number(&run, "deferred", "pending_ranges_at_exit"), 0);
     cr_assert_eq(shim_run_stats_number(&run, "context", "contexts_created"), 0);
-    expect_no_warning(&run);
+    shim_run_expect_no_warning(&run);
     shim_run_free(&run);
 }
 
@@ -187,10 +155,10 @@ Test(contexts, a_process_that_never_uses_cuda_gets_nothing_loaded)
 {
     struct shim_run run;
     run_scenario(&run, "never-init", NULL, NULL);
-    cr_assert_eq(printed_number(&run, "pending"), 1);
-    cr_assert_eq(printed_number(&run, "driver_loaded"), 0);
-    cr_assert_eq(printed_number(&run, "runtime_mapped"), 0);
-    cr_assert_eq(printed_number(&run, "thread"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "pending"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "driver_loaded"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "runtime_mapped"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "thread"), 1);
     cr_assert_eq(shim_run_stats_number(&run, "deferred", "ranges"), 2);
     cr_assert_eq(shim_run_stats_number(&run, "deferred", "dropped"), 1);
     cr_assert_eq(shim_run_stats_number(&run, "deferred", "registered_later"), 0);
@@ -198,7 +166,7 @@ Test(contexts, a_process_that_never_uses_cuda_gets_nothing_loaded)
     cr_assert_eq(shim_run_stats_number(&run, "deferred", "pending_bytes_at_exit"), 4 << 20);
     cr_assert_eq(shim_run_stats_number(&run, "register", "calls"), 0);
     cr_assert_eq(shim_run_stats_number(&run, "context", "contexts_created"), 0);
-    expect_no_warning(&run);
+    shim_run_expect_no_warning(&run);
     shim_run_free(&run);
 }
 
@@ -210,18 +178,19 @@ Test(contexts, a_child_forked_after_a_lock_can_use_cuda, .timeout = 60)
 {
     struct shim_run run;
     run_scenario(&run, "fork-child-inits", NULL, NULL);
-    cr_assert_eq(printed_number(&run, "watcher_sleeps_at_fork"), 1);
-    cr_assert_eq(printed_number(&run, "child_init"), 0);
-    cr_assert_eq(printed_number(&run, "child_register"), 0);
-    cr_assert_eq(printed_number(&run, "child_unregister"), 0);
-    cr_assert_eq(printed_number(&run, "parent_init"), 0);
-    cr_assert_eq(printed_number(&run, "parent_device"), 0);
-    cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "watcher_sleeps_at_fork"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "child_init"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "child_register"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "child_unregister"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "parent_init"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "parent_device"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "contexts_by_shim"), 0);
     shim_run_free(&run);
 
     const char *create[] = {"PINSHIM_CONTEXT=create", "PINSHIM_ASYNC=off", NULL};
     run_scenario(&run, "fork-child-inits", NULL, create);
-    cr_assert_eq(printed_number(&run, "child_init"), 3, "create mode should break the child");
+    cr_assert_eq(shim_run_printed_number(&run, "child_init"), 3,
+                 "create mode should break the child");
     shim_run_free(&run);
 }
 
@@ -231,13 +200,13 @@ Test(contexts, releasing_pending_ranges_drops_them)
 {
     struct shim_run run;
     run_scenario(&run, "release-pending", NULL, NULL);
-    cr_assert_eq(printed_number(&run, "pending_after_releases"), 0);
-    cr_assert_eq(printed_number(&run, "watcher_after_releases"), 0);
-    cr_assert_eq(printed_number(&run, "shim_register_calls"), 0);
-    cr_assert_eq(printed_number(&run, "live"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "pending_after_releases"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "watcher_after_releases"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "shim_register_calls"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "live"), 0);
     cr_assert_eq(shim_run_stats_number(&run, "deferred", "ranges"), 3);
     cr_assert_eq(shim_run_stats_number(&run, "deferred", "dropped"), 3);
-    expect_no_warning(&run);
+    shim_run_expect_no_warning(&run);
     shim_run_free(&run);
 }
 
@@ -251,18 +220,18 @@ static void expect_queued_cancelled_in_flight_waited(const char *how)
     const char *settings[] = {"PINSHIM_ASYNC=on", "FAKE_CUDA_REGISTER_SECONDS_PER_GIB=10000",
                               "FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB=0", NULL};
     run_scenario(&run, "release-queued-in-flight", how, settings);
-    cr_assert_eq(printed_number(&run, "first_in_flight"), 1);
-    cr_assert_eq(printed_number(&run, "queued"), 1);
-    cr_assert_eq(printed_number(&run, "first_still_in_flight"), 1);
-    cr_assert_eq(printed_number(&run, "queued_after"), 0);
-    cr_assert_eq(printed_number(&run, "release_waited_for_the_registration"), 1);
-    cr_assert_eq(printed_number(&run, "registrations_completed"), 1);
-    cr_assert_eq(printed_number(&run, "shim_register_calls"), 1);
-    cr_assert_eq(printed_number(&run, "shim_unregister_calls"), 1);
-    cr_assert_eq(printed_number(&run, "live"), 0);
-    cr_assert_eq(printed_number(&run, "violations"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "first_in_flight"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "queued"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "first_still_in_flight"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "queued_after"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "release_waited_for_the_registration"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "registrations_completed"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "shim_register_calls"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "shim_unregister_calls"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "live"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "violations"), 0);
     cr_assert_eq(shim_run_stats_number(&run, "thread", "cancelled"), 1);
-    expect_no_warning(&run);
+    shim_run_expect_no_warning(&run);
     shim_run_free(&run);
 }
 
@@ -285,14 +254,14 @@ Test(contexts, fork_with_pending_ranges, .timeout = 60)
 {
     struct shim_run run;
     run_scenario(&run, "fork-with-pending", NULL, NULL);
-    cr_assert_eq(printed_number(&run, "watcher_sleeps_at_fork"), 1);
-    cr_assert_eq(printed_number(&run, "child_pending"), 0);
-    cr_assert_eq(printed_number(&run, "child_init"), 0);
-    cr_assert_eq(printed_number(&run, "child_parent_block_device"), -1);
-    cr_assert_eq(printed_number(&run, "child_own_device"), 0);
-    cr_assert_eq(printed_number(&run, "child_contexts_by_shim"), 0);
-    cr_assert_eq(printed_number(&run, "parent_pending"), 1);
-    cr_assert_eq(printed_number(&run, "parent_device"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "watcher_sleeps_at_fork"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "child_pending"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "child_init"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "child_parent_block_device"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "child_own_device"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "child_contexts_by_shim"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "parent_pending"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "parent_device"), 0);
     shim_run_free(&run);
 }
 
@@ -313,12 +282,12 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
         shim_run_free(&run);
         cr_skip_test("the 200 GiB mlock2(MLOCK_ONFAULT) was refused here (%s)", reason);
     }
-    cr_assert_eq(printed_number(&run, "registrations"), 4);
-    cr_assert_eq(printed_number(&run, "largest_gib"), 64);
-    cr_assert_eq(printed_number(&run, "registered_end"), 1);
-    cr_assert_eq(printed_number(&run, "violations"), 0);
-    cr_assert_eq(printed_number(&run, "live_after_unmap"), 0);
-    expect_no_warning(&run);
+    cr_assert_eq(shim_run_printed_number(&run, "registrations"), 4);
+    cr_assert_eq(shim_run_printed_number(&run, "largest_gib"), 64);
+    cr_assert_eq(shim_run_printed_number(&run, "registered_end"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "violations"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "live_after_unmap"), 0);
+    shim_run_expect_no_warning(&run);
     shim_run_free(&run);
 
     /* Without chunks (one registration may be 256 GiB), the driver refuses it:
@@ -326,7 +295,7 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
     const char *whole[] = {"PINSHIM_ONFAULT=all", "FAKE_CUDA_MAX_REGISTER_BYTES=100G",
                            "PINSHIM_MAX_REGISTRATION=256G", NULL};
     run_scenario(&run, "chunks", NULL, whole);
-    cr_assert_eq(printed_number(&run, "registrations"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "registrations"), 0);
     cr_assert_eq(shim_run_stats_number(&run, "register", "failed"), 1);
     cr_assert(strstr(run.result.err, "cuMemHostRegister(") != NULL &&
                   strstr(run.result.err, "CUDA_ERROR_OUT_OF_MEMORY") != NULL,
@@ -344,9 +313,9 @@ Test(contexts, a_200_gib_lock_is_registered_in_chunks, .timeout = 120)
 static void expect_mlock2_device(const struct shim_run *run, long long device)
 {
     if (test_kernel_has_mlock2()) {
-        cr_assert_eq(printed_number(run, "mlock2_device"), device, "%s", run->result.out);
+        cr_assert_eq(shim_run_printed_number(run, "mlock2_device"), device, "%s", run->result.out);
     } else {
-        cr_assert_str_eq(printed(run, "mlock2_device"), "none", "%s", run->result.out);
+        cr_assert_str_eq(shim_run_printed(run, "mlock2_device"), "none", "%s", run->result.out);
         cr_log_info("the kernel has no mlock2 system call: mlock2's return not tested here");
     }
 }
@@ -355,22 +324,22 @@ Test(contexts, pinned_when_the_lock_call_returns_by_default)
 {
     struct shim_run run;
     run_scenario(&run, "pinned-at-return", NULL, NULL);
-    cr_assert_eq(printed_number(&run, "mlock_device"), 2, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "mlock_device"), 2, "%s", run.result.out);
     expect_mlock2_device(&run, 2);
-    cr_assert_eq(printed_number(&run, "map_locked_device"), 2);
-    cr_assert_eq(printed_number(&run, "worker_device"), 2);
-    cr_assert_eq(printed_number(&run, "violations"), 0);
-    cr_assert_eq(printed_number(&run, "contexts_by_shim"), 0);
-    expect_no_warning(&run);
+    cr_assert_eq(shim_run_printed_number(&run, "map_locked_device"), 2);
+    cr_assert_eq(shim_run_printed_number(&run, "worker_device"), 2);
+    cr_assert_eq(shim_run_printed_number(&run, "violations"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "contexts_by_shim"), 0);
+    shim_run_expect_no_warning(&run);
     shim_run_free(&run);
 
     /* Create mode too: the locking thread's device (main's 2; the worker's
      * own device 0, a context created for it). */
     const char *create[] = {"PINSHIM_CONTEXT=create", NULL};
     run_scenario(&run, "pinned-at-return", NULL, create);
-    cr_assert_eq(printed_number(&run, "mlock_device"), 2, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "mlock_device"), 2, "%s", run.result.out);
     expect_mlock2_device(&run, 2);
-    cr_assert_eq(printed_number(&run, "map_locked_device"), 2);
-    cr_assert_eq(printed_number(&run, "worker_device"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "map_locked_device"), 2);
+    cr_assert_eq(shim_run_printed_number(&run, "worker_device"), 0);
     shim_run_free(&run);
 }

@@ -24,15 +24,9 @@
 #include "child.h"
 #include "emulation.h"
 #include "live_record.h"
+#include "shim_run.h"
 
 extern char **environ;
-
-static const char *required_env(const char *name)
-{
-    const char *value = getenv(name);
-    cr_assert(value != NULL && value[0] != '\0', "%s is not set (run through meson test)", name);
-    return value;
-}
 
 /* ---- the program, driven a command at a time ---- */
 
@@ -52,8 +46,8 @@ static void session_start(struct session *session, const char *const *settings)
             strncmp(*entry, "XDG_RUNTIME_DIR=", 16) != 0)
             environment[count++] = *entry;
     static char preload[1024], runtime[1024];
-    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", required_env("PINSHIM_LIB"));
-    snprintf(runtime, sizeof(runtime), "PINSHIM_CUDART=%s", required_env("FAKE_CUDART"));
+    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", shim_run_required_env("PINSHIM_LIB"));
+    snprintf(runtime, sizeof(runtime), "PINSHIM_CUDART=%s", shim_run_required_env("FAKE_CUDART"));
     environment[count++] = preload;
     environment[count++] = runtime;
     environment[count++] = (char *)"PINSHIM_CONTEXT=create";
@@ -70,7 +64,7 @@ static void session_start(struct session *session, const char *const *settings)
     posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
     posix_spawn_file_actions_addclose(&actions, to_child[1]);
     posix_spawn_file_actions_addclose(&actions, from_child[0]);
-    const char *program = required_env("LIVE_ENDINGS");
+    const char *program = shim_run_required_env("LIVE_ENDINGS");
     char *argv[] = {(char *)program, NULL};
     cr_assert_eq(posix_spawn(&session->pid, program, &actions, NULL, argv, environment), 0);
     posix_spawn_file_actions_destroy(&actions);
@@ -130,21 +124,26 @@ static bool record_read(const char *path, struct record *record)
     return true;
 }
 
-static uint64_t record_value(const struct record *record, const char *name)
+/* Where the field called name lies in the file, by the file's own table. */
+static size_t record_field_offset(const struct record *record, const char *name)
 {
     const struct live_record_header *header = record->header;
     for (uint32_t i = 0; i < header->field_count; i++) {
         const struct live_record_field *field =
             (const struct live_record_field *)(record->bytes + header->header_bytes +
                                                (size_t)i * header->field_bytes);
-        if (strncmp(field->name, name, sizeof(field->name)) == 0) {
-            uint64_t value;
-            memcpy(&value, record->bytes + header->data_offset + field->offset, sizeof(value));
-            return value;
-        }
+        if (strncmp(field->name, name, sizeof(field->name)) == 0)
+            return header->data_offset + field->offset;
     }
     cr_assert_fail("no field %s", name);
     return 0;
+}
+
+static uint64_t record_value(const struct record *record, const char *name)
+{
+    uint64_t value;
+    memcpy(&value, record->bytes + record_field_offset(record, name), sizeof(value));
+    return value;
 }
 
 static void record_free(struct record *record)
@@ -425,17 +424,8 @@ static void age_record(const char *path, uint64_t seconds_ago)
     struct record record;
     cr_assert(record_read(path, &record), "no record at %s", path);
     uint64_t then = ((uint64_t)time(NULL) - seconds_ago) * 1000000000ull;
-    off_t last_change = -1;
-    const struct live_record_header *header = record.header;
-    for (uint32_t i = 0; i < header->field_count; i++) {
-        const struct live_record_field *field =
-            (const struct live_record_field *)(record.bytes + header->header_bytes +
-                                               (size_t)i * header->field_bytes);
-        if (strncmp(field->name, "last_change", sizeof(field->name)) == 0)
-            last_change = (off_t)header->data_offset + (off_t)field->offset;
-    }
+    off_t last_change = (off_t)record_field_offset(&record, "last_change");
     record_free(&record);
-    cr_assert_geq(last_change, 0);
     int fd = open(path, O_WRONLY);
     cr_assert_geq(fd, 0);
     cr_assert_eq(pwrite(fd, &then, sizeof(then), offsetof(struct live_record_header, created_ns)),
@@ -524,10 +514,10 @@ Test(live_records, a_directory_that_does_not_exist_is_one_warning)
 {
     char setting[1300];
     snprintf(setting, sizeof(setting), "PINSHIM_LIVE=%s/no/such/directory", directory);
-    const char *argv[] = {required_env("LIVE_ENDINGS"), NULL};
+    const char *argv[] = {shim_run_required_env("LIVE_ENDINGS"), NULL};
     char preload[1024], runtime[1024];
-    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", required_env("PINSHIM_LIB"));
-    snprintf(runtime, sizeof(runtime), "PINSHIM_CUDART=%s", required_env("FAKE_CUDART"));
+    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", shim_run_required_env("PINSHIM_LIB"));
+    snprintf(runtime, sizeof(runtime), "PINSHIM_CUDART=%s", shim_run_required_env("FAKE_CUDART"));
     const char *environment[] = {preload, runtime, "PINSHIM_CONTEXT=create", setting, NULL};
     struct child_result result;
     child_run(argv, environment, "lock\nlock\n", &result);
@@ -542,9 +532,9 @@ Test(live_records, a_directory_that_does_not_exist_is_one_warning)
 
 Test(live_records, a_bad_value_is_one_warning)
 {
-    const char *argv[] = {required_env("LIVE_ENDINGS"), NULL};
+    const char *argv[] = {shim_run_required_env("LIVE_ENDINGS"), NULL};
     char preload[1024];
-    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", required_env("PINSHIM_LIB"));
+    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", shim_run_required_env("PINSHIM_LIB"));
     const char *environment[] = {preload, "PINSHIM_LIVE=relative/dir", NULL};
     struct child_result result;
     child_run(argv, environment, "", &result);

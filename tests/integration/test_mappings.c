@@ -34,23 +34,9 @@ static void run_mappings(struct shim_run *run, const char *scenario, const char 
     shim_run(run, argv, true, defaults, settings);
 }
 
-static long long printed(const struct shim_run *run, const char *key)
-{
-    char needle[128];
-    snprintf(needle, sizeof needle, "%s=", key);
-    for (const char *line = run->result.out; line != NULL && *line;) {
-        if (strncmp(line, needle, strlen(needle)) == 0)
-            return strtoll(line + strlen(needle), NULL, 10);
-        const char *newline = strchr(line, '\n');
-        line = newline ? newline + 1 : NULL;
-    }
-    cr_assert_fail("\"%s\" not printed:\n%s\n%s", key, run->result.out, run->result.err);
-    return 0;
-}
-
 static void expect_quiet(const struct shim_run *run)
 {
-    cr_assert(strstr(run->result.err, "pinshim:") == NULL, "the shim warned:\n%s", run->result.err);
+    shim_run_expect_no_warning(run);
     cr_assert_eq(shim_run_stats_number(run, "register", "failed"), 0, "%s", run->stats);
     cr_assert_eq(shim_run_stats_number(run, "live", "ranges"), 0, "%s", run->stats);
 }
@@ -74,9 +60,10 @@ Test(mappings, a_read_only_file_mapping_is_registered_read_only)
     for (size_t m = 0; m < 2; m++) {
         struct shim_run run;
         run_mappings(&run, "read-only-file", NULL, modes[m]);
-        cr_assert_eq(printed(&run, "flags"), READ_ONLY_FLAGS, "%s\n%s", run.result.out, run.stats);
-        cr_assert_eq(printed(&run, "flags_at_end"), READ_ONLY_FLAGS);
-        cr_assert_eq(printed(&run, "after_unlock"), -1);
+        cr_assert_eq(shim_run_printed_number(&run, "flags"), READ_ONLY_FLAGS, "%s\n%s",
+                     run.result.out, run.stats);
+        cr_assert_eq(shim_run_printed_number(&run, "flags_at_end"), READ_ONLY_FLAGS);
+        cr_assert_eq(shim_run_printed_number(&run, "after_unlock"), -1);
         cr_assert_eq(shim_run_stats_number(&run, "register", "read_only"), 1);
         cr_assert_eq(shim_run_stats_number(&run, "register", "by_pieces"), 1);
         expect_quiet(&run);
@@ -88,8 +75,8 @@ Test(mappings, read_only_private_memory_is_registered_read_only)
 {
     struct shim_run run;
     run_mappings(&run, "read-only-private", NULL, NULL);
-    cr_assert_eq(printed(&run, "flags"), READ_ONLY_FLAGS, "%s", run.result.out);
-    cr_assert_eq(printed(&run, "after_unlock"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "flags"), READ_ONLY_FLAGS, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "after_unlock"), -1);
     expect_quiet(&run);
     shim_run_free(&run);
 }
@@ -105,14 +92,14 @@ Test(mappings, a_writable_shared_file_mapping_is_left_out_where_it_cannot_be_pin
         cr_skip_test("no writable directory on a disk file system (., /var/tmp, /tmp)");
     struct shim_run run;
     run_mappings(&run, "shared-file", directory, NULL);
-    cr_assert_eq(printed(&run, "flags"), -1, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "flags"), -1, "%s", run.result.out);
     cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_shared_file"), 1, "%s",
                  run.stats);
     expect_quiet(&run);
     shim_run_free(&run);
     const char *short_term[] = {"FAKE_CUDA_LONGTERM_PINS=0", NULL};
     run_mappings(&run, "shared-file", directory, short_term);
-    cr_assert_eq(printed(&run, "flags"), DEFAULT_FLAGS, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "flags"), DEFAULT_FLAGS, "%s", run.result.out);
     cr_assert_eq(shim_run_stats_number(&run, "register", "by_pieces"), 0);
     expect_quiet(&run);
     shim_run_free(&run);
@@ -122,9 +109,9 @@ Test(mappings, shmem_registers_as_any_memory)
 {
     struct shim_run run;
     run_mappings(&run, "shmem", NULL, NULL);
-    cr_assert_eq(printed(&run, "memfd_flags"), DEFAULT_FLAGS, "%s", run.result.out);
-    cr_assert_eq(printed(&run, "shared_anonymous_flags"), DEFAULT_FLAGS);
-    cr_assert_eq(printed(&run, "memfd_after_unlock"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "memfd_flags"), DEFAULT_FLAGS, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "shared_anonymous_flags"), DEFAULT_FLAGS);
+    cr_assert_eq(shim_run_printed_number(&run, "memfd_after_unlock"), -1);
     cr_assert_eq(shim_run_stats_number(&run, "register", "by_pieces"), 0);
     expect_quiet(&run);
     shim_run_free(&run);
@@ -134,11 +121,12 @@ Test(mappings, a_lock_over_two_protections_is_registered_piece_by_piece)
 {
     struct shim_run run;
     run_mappings(&run, "two-protections", NULL, NULL);
-    cr_assert_eq(printed(&run, "writable_half"), DEFAULT_FLAGS, "%s", run.result.out);
-    cr_assert_eq(printed(&run, "read_only_half"), READ_ONLY_FLAGS);
-    cr_assert_eq(printed(&run, "read_only_end"), READ_ONLY_FLAGS);
-    cr_assert_eq(printed(&run, "writable_after_unlock"), -1);
-    cr_assert_eq(printed(&run, "read_only_after_unlock"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "writable_half"), DEFAULT_FLAGS, "%s",
+                 run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "read_only_half"), READ_ONLY_FLAGS);
+    cr_assert_eq(shim_run_printed_number(&run, "read_only_end"), READ_ONLY_FLAGS);
+    cr_assert_eq(shim_run_printed_number(&run, "writable_after_unlock"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "read_only_after_unlock"), -1);
     cr_assert_eq(shim_run_stats_number(&run, "register", "ok"), 2, "%s", run.stats);
     cr_assert_eq(shim_run_stats_number(&run, "unregister", "ok"), 2);
     expect_quiet(&run);
@@ -152,13 +140,13 @@ Test(mappings, mprotect_after_the_lock)
 {
     struct shim_run run;
     run_mappings(&run, "mprotect", NULL, NULL);
-    cr_assert_eq(printed(&run, "read_only"), READ_ONLY_FLAGS, "%s", run.result.out);
-    cr_assert_eq(printed(&run, "made_writable"), DEFAULT_FLAGS);
-    cr_assert_eq(printed(&run, "writable"), DEFAULT_FLAGS);
-    cr_assert_eq(printed(&run, "made_read_only"), DEFAULT_FLAGS);
-    cr_assert_eq(printed(&run, "one_page_back_and_forth"), DEFAULT_FLAGS);
-    cr_assert_eq(printed(&run, "made_writable_after_unlock"), -1);
-    cr_assert_eq(printed(&run, "made_read_only_after_unlock"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "read_only"), READ_ONLY_FLAGS, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "made_writable"), DEFAULT_FLAGS);
+    cr_assert_eq(shim_run_printed_number(&run, "writable"), DEFAULT_FLAGS);
+    cr_assert_eq(shim_run_printed_number(&run, "made_read_only"), DEFAULT_FLAGS);
+    cr_assert_eq(shim_run_printed_number(&run, "one_page_back_and_forth"), DEFAULT_FLAGS);
+    cr_assert_eq(shim_run_printed_number(&run, "made_writable_after_unlock"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "made_read_only_after_unlock"), -1);
     cr_assert_eq(shim_run_stats_number(&run, "unregister", "mprotect"), 1, "%s", run.stats);
     expect_quiet(&run);
     shim_run_free(&run);
@@ -171,8 +159,9 @@ Test(mappings, read_only_memory_on_a_device_without_support_stays_mlocked_only)
     const char *settings[] = {"FAKE_CUDA_READ_ONLY_REGISTER=0", "PINSHIM_LOG=info", NULL};
     struct shim_run run;
     run_mappings(&run, "two-protections", NULL, settings);
-    cr_assert_eq(printed(&run, "writable_half"), DEFAULT_FLAGS, "%s", run.result.out);
-    cr_assert_eq(printed(&run, "read_only_half"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "writable_half"), DEFAULT_FLAGS, "%s",
+                 run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "read_only_half"), -1);
     cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_read_only_unsupported"), 1);
     cr_assert_eq(shim_run_stats_number(&run, "register", "read_only"), 0);
     cr_assert(strstr(run.result.err, "takes no READ_ONLY registrations") != NULL, "%s",
@@ -191,15 +180,15 @@ Test(mappings, io_and_no_access_mappings_are_left_out)
         shim_run_free(&run);
         cr_skip_test("no [vvar] mapping in this process");
     }
-    cr_assert_eq(printed(&run, "vvar_lock"), 0);
-    cr_assert_eq(printed(&run, "flags"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "vvar_lock"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "flags"), -1);
     cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_io"), 1, "%s", run.stats);
     expect_quiet(&run);
     shim_run_free(&run);
     const char *whole[] = {"PINSHIM_ONFAULT=all", NULL};
     run_mappings(&run, "no-access", NULL, whole);
-    cr_assert_eq(printed(&run, "lock"), 0);
-    cr_assert_eq(printed(&run, "flags"), -1);
+    cr_assert_eq(shim_run_printed_number(&run, "lock"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "flags"), -1);
     cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_no_access"), 1, "%s", run.stats);
     expect_quiet(&run);
     shim_run_free(&run);
@@ -212,7 +201,7 @@ Test(mappings, with_host_page_tables_read_only_memory_needs_no_flag)
     const char *settings[] = {"FAKE_CUDA_HOST_PAGE_TABLES=1", NULL};
     struct shim_run run;
     run_mappings(&run, "read-only-file", NULL, settings);
-    cr_assert_eq(printed(&run, "flags"), DEFAULT_FLAGS, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "flags"), DEFAULT_FLAGS, "%s", run.result.out);
     cr_assert_eq(shim_run_stats_number(&run, "register", "by_pieces"), 0);
     expect_quiet(&run);
     shim_run_free(&run);

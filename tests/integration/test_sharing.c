@@ -24,20 +24,6 @@ static void run_sharing(struct shim_run *run, const char *scenario, const char *
     shim_run(run, argv, settings != NULL, defaults, settings);
 }
 
-static long long printed(const struct shim_run *run, const char *key)
-{
-    char needle[128];
-    snprintf(needle, sizeof needle, "\n%s=", key);
-    char *text = calloc(1, strlen(run->result.out) + 2);
-    text[0] = '\n';
-    strcat(text, run->result.out);
-    const char *at = strstr(text, needle);
-    cr_assert_not_null(at, "\"%s\" not printed:\n%s", key, run->result.out);
-    long long value = strtoll(at + strlen(needle), NULL, 10);
-    free(text);
-    return value;
-}
-
 /* Every mode the shim has: where registrations go, and when. */
 static const char *const modes[][3] = {
     {"PINSHIM_CONTEXT=program", "PINSHIM_ASYNC=off", NULL},
@@ -58,15 +44,15 @@ static void expect_same_counts(const char *scenario, const char *argument, const
         struct shim_run with;
         run_sharing(&with, scenario, argument, modes[m]);
         for (size_t k = 0; keys[k] != NULL; k++) {
-            long long got = printed(&with, keys[k]), expected = printed(&without, keys[k]);
+            long long got = shim_run_printed_number(&with, keys[k]),
+                      expected = shim_run_printed_number(&without, keys[k]);
             cr_assert(at_most ? got <= expected : got == expected,
                       "%s with %s %s: %s is %lld, without the shim %lld\nwithout the shim:\n%s\n"
                       "with it:\n%s",
                       scenario, modes[m][0], modes[m][1], keys[k], got, expected,
                       without.result.out, with.result.out);
         }
-        cr_assert(strstr(with.result.err, "pinshim:") == NULL, "the shim warned:\n%s",
-                  with.result.err);
+        shim_run_expect_no_warning(&with);
         cr_assert_eq(shim_run_stats_number(&with, "live", "ranges"), 0);
         shim_run_free(&with);
     }
@@ -102,8 +88,9 @@ Test(sharing, every_order_costs_the_runtime_nothing_extra)
     expect_same_counts("orders", NULL, at_most, true);
     struct shim_run run;
     run_sharing(&run, "orders", NULL, modes[0]);
-    cr_assert_eq(printed(&run, "again_and_again_registers"), 1, "%s", run.result.out);
-    cr_assert_eq(printed(&run, "again_and_again_unregisters"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "again_and_again_registers"), 1, "%s",
+                 run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "again_and_again_unregisters"), 1);
     shim_run_free(&run);
 }
 
@@ -115,8 +102,9 @@ Test(sharing, pinned_when_mlock_returns_and_handed_over_without_a_call)
     for (size_t m = 0; m < MODE_COUNT; m += 2) { /* PINSHIM_ASYNC=off: program, create */
         struct shim_run run;
         run_sharing(&run, "deepspeed", "20", m == 0 ? (const char *const[]){NULL} : modes[m]);
-        cr_assert_eq(printed(&run, "pinned_at_return"), 20, "%s\n%s", modes[m][0], run.result.out);
-        cr_assert_eq(printed(&run, "runtime_registers"), 20);
+        cr_assert_eq(shim_run_printed_number(&run, "pinned_at_return"), 20, "%s\n%s", modes[m][0],
+                     run.result.out);
+        cr_assert_eq(shim_run_printed_number(&run, "runtime_registers"), 20);
         cr_assert_eq(shim_run_stats_number(&run, "register", "ok"), 20, "%s", run.stats);
         cr_assert_eq(shim_run_stats_number(&run, "program", "handed_over"), 20, "%s", run.stats);
         cr_assert_eq(shim_run_stats_number(&run, "program", "kept"), 20, "%s", run.stats);
@@ -127,7 +115,7 @@ Test(sharing, pinned_when_mlock_returns_and_handed_over_without_a_call)
     /* Without the shim, nothing is pinned by mlock. */
     struct shim_run without;
     run_sharing(&without, "deepspeed", "20", NULL);
-    cr_assert_eq(printed(&without, "pinned_at_return"), 0);
+    cr_assert_eq(shim_run_printed_number(&without, "pinned_at_return"), 0);
     shim_run_free(&without);
 }
 
@@ -138,13 +126,13 @@ Test(sharing, other_flags_keep_the_protocol)
     struct shim_run without, with;
     run_sharing(&without, "other-flags", NULL, NULL);
     run_sharing(&with, "other-flags", NULL, modes[0]);
-    cr_assert_eq(printed(&without, "other_flags_registers"), 1);
-    cr_assert_eq(printed(&with, "other_flags_registers"), 3,
+    cr_assert_eq(shim_run_printed_number(&without, "other_flags_registers"), 1);
+    cr_assert_eq(shim_run_printed_number(&with, "other_flags_registers"), 3,
                  "the shim's, the program's, the shim's again\n%s", with.result.out);
     cr_assert_eq(shim_run_stats_number(&with, "program", "handed_over"), 0);
     cr_assert_eq(shim_run_stats_number(&with, "unregister", "program"), 1);
     cr_assert_eq(shim_run_stats_number(&with, "program", "taken_back"), 1);
-    cr_assert_eq(printed(&with, "pinned_after_unregister"), 1, "the shim's again");
+    cr_assert_eq(shim_run_printed_number(&with, "pinned_after_unregister"), 1, "the shim's again");
     shim_run_free(&without);
     shim_run_free(&with);
 }
@@ -158,9 +146,10 @@ Test(sharing, locks_made_by_the_driver_itself_pass_through, .timeout = 60)
     for (size_t m = 0; m < MODE_COUNT; m++) {
         struct shim_run run;
         run_sharing(&run, "host-alloc", NULL, modes[m]);
-        cr_assert_eq(printed(&run, "host_alloc_pinned"), 1);
-        cr_assert_eq(printed(&run, "host_alloc_registers"), 0, "%s", run.result.out);
-        cr_assert_eq(printed(&run, "host_alloc_unregisters"), 0);
+        cr_assert_eq(shim_run_printed_number(&run, "host_alloc_pinned"), 1);
+        cr_assert_eq(shim_run_printed_number(&run, "host_alloc_registers"), 0, "%s",
+                     run.result.out);
+        cr_assert_eq(shim_run_printed_number(&run, "host_alloc_unregisters"), 0);
         cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_cuda_library"), 1, "%s",
                      run.stats);
         cr_assert_eq(shim_run_stats_number(&run, "register", "ok"), 0);

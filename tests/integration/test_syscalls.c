@@ -14,13 +14,7 @@
 #include <unistd.h>
 
 #include "child.h"
-
-static const char *required(const char *name)
-{
-    const char *value = getenv(name);
-    cr_assert(value != NULL && value[0] != '\0', "%s is not set (run through meson test)", name);
-    return value;
-}
+#include "shim_run.h"
 
 static const char *strace_or_skip(void)
 {
@@ -82,8 +76,9 @@ static struct counts run_traced(bool with_shim, const char *mode)
     snprintf(trace_path, sizeof trace_path, "%s/trace", directory);
     snprintf(output_option, sizeof output_option, "-o%s", trace_path);
     static char preload[1200], cudart[1200], context[64];
-    snprintf(preload, sizeof preload, "LD_PRELOAD=%s", with_shim ? required("PINSHIM_LIB") : "");
-    snprintf(cudart, sizeof cudart, "PINSHIM_CUDART=%s", required("FAKE_CUDART"));
+    snprintf(preload, sizeof preload, "LD_PRELOAD=%s",
+             with_shim ? shim_run_required_env("PINSHIM_LIB") : "");
+    snprintf(cudart, sizeof cudart, "PINSHIM_CUDART=%s", shim_run_required_env("FAKE_CUDART"));
     snprintf(context, sizeof context, "PINSHIM_CONTEXT=%s", mode);
     const char *env[] = {preload, cudart, context,
                          "PINSHIM_STATS=", "PINSHIM_LOG=", "PINSHIM_ASYNC=", "FAKE_CUDART_CHECK=0",
@@ -100,7 +95,7 @@ static struct counts run_traced(bool with_shim, const char *mode)
                           "-e",
                           "signal=none",
                           output_option,
-                          required("SYSCALL_LOOP"),
+                          shim_run_required_env("SYSCALL_LOOP"),
                           "2000",
                           NULL};
     struct child_result result;

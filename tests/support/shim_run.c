@@ -91,3 +91,34 @@ long long shim_run_stats_number(const struct shim_run *run, const char *section,
     cr_assert_not_null(at, "no \"%s\" in \"%s\" of the stats:\n%s", key, section, run->stats);
     return strtoll(at + strlen(name), NULL, 10);
 }
+
+const char *shim_run_printed(const struct shim_run *run, const char *key)
+{
+    static char value[256];
+    char needle[128];
+    snprintf(needle, sizeof needle, "%s=", key);
+    for (const char *line = run->result.out; line != NULL && *line;) {
+        if (strncmp(line, needle, strlen(needle)) == 0) {
+            size_t length = strcspn(line + strlen(needle), "\n");
+            if (length >= sizeof value)
+                length = sizeof value - 1;
+            memcpy(value, line + strlen(needle), length);
+            value[length] = '\0';
+            return value;
+        }
+        const char *newline = strchr(line, '\n');
+        line = newline ? newline + 1 : NULL;
+    }
+    cr_assert_fail("\"%s\" not printed:\n%s\nstderr:\n%s", key, run->result.out, run->result.err);
+    return NULL;
+}
+
+long long shim_run_printed_number(const struct shim_run *run, const char *key)
+{
+    return strtoll(shim_run_printed(run, key), NULL, 10);
+}
+
+void shim_run_expect_no_warning(const struct shim_run *run)
+{
+    cr_assert(strstr(run->result.err, "pinshim:") == NULL, "the shim warned:\n%s", run->result.err);
+}

@@ -33,4 +33,12 @@ void shim_run_free(struct shim_run *run);
  * section ("" for the top level); fails the test when it is not there. */
 long long shim_run_stats_number(const struct shim_run *run, const char *section, const char *key);
 
+/* The value the program printed as a line "key=value", as a string (kept
+ * until the next call) or a number; fails the test when it is not there. */
+const char *shim_run_printed(const struct shim_run *run, const char *key);
+long long shim_run_printed_number(const struct shim_run *run, const char *key);
+
+/* Fails the test when the shim wrote anything ("pinshim:") on stderr. */
+void shim_run_expect_no_warning(const struct shim_run *run);
+
 #endif
