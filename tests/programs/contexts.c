@@ -51,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "emulation.h"
 #include "fake_cuda.h"
 #include "pinshim.h"
 
@@ -642,8 +643,7 @@ static int pinned_at_return(void)
     if (mlock2(onfault, 1 * MIB, MLOCK_ONFAULT) == 0) {
         printf("mlock2_device=%d\n", registered_device(onfault + MIB - 1));
         munlock(onfault, 1 * MIB);
-    } else if (errno == EINVAL && syscall(SYS_mlock2, onfault, 1 * MIB, MLOCK_ONFAULT) != 0 &&
-               errno == ENOSYS) {
+    } else if (errno == EINVAL && !test_kernel_has_mlock2()) {
         printf("mlock2_device=none\n"); /* the kernel lacks mlock2 (qemu-user) */
     } else {
         die("mlock2");

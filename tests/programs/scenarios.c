@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #define FAKE_CUDART_NO_CUDA_PROTOTYPES
+#include "emulation.h"
 #include "fake_cudart.h"
 #include "pinshim.h"
 
@@ -348,22 +349,10 @@ static void scenario_munlockall(void)
     free(b);
 }
 
-/* Whether the kernel has the mlock2 system call: qemu-user 7.2 answers ENOSYS,
- * and glibc's mlock2 then fails every MLOCK_ONFAULT lock with EINVAL. */
-static bool kernel_has_mlock2(void)
-{
-    void *probe = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (probe == MAP_FAILED)
-        return true;
-    bool has = syscall(SYS_mlock2, probe, page, MLOCK_ONFAULT) == 0 || errno != ENOSYS;
-    munmap(probe, page);
-    return has;
-}
-
 static void scenario_mlock2_and_mlockall(void)
 {
     char *p = aligned_buffer(MIB);
-    if (kernel_has_mlock2()) {
+    if (test_kernel_has_mlock2()) {
         check_zero(mlock2(p, MIB, MLOCK_ONFAULT), "mlock2");
         EXPECT("mlock2", U(p), U(p) + MIB);
         check_zero(munlock(p, MIB), "munlock");
