@@ -316,7 +316,8 @@ static void expect_mlock2_device(const struct shim_run *run, long long device)
         cr_assert_eq(shim_run_printed_number(run, "mlock2_device"), device, "%s", run->result.out);
     } else {
         cr_assert_str_eq(shim_run_printed(run, "mlock2_device"), "none", "%s", run->result.out);
-        cr_log_info("the kernel has no mlock2 system call: mlock2's return not tested here");
+        cr_log_info(
+            "pinned at return: the kernel has no mlock2 system call: mlock2 not tested here");
     }
 }
 
