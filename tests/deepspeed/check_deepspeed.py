@@ -339,22 +339,20 @@ def check_native(checks, run, baseline):
         checks(pins and len(registered) == pins,
                f"{who}: each buffer registered, with its exact range, when DeepSpeed's pin returned",
                f"{pins - len(registered)} not")
-    else:
-        # DeepSpeed's cudaHostRegister of a buffer the shim holds registered
-        # is handed over: the registration is then the shim's, of the
-        # buffer's whole pages.
-        registered = [i for i in instances if i["live_when_returned"] or i["pages_when_returned"]]
-        exact = sum(1 for i in instances if i["live_when_returned"])
-        checks(pins and len(registered) == pins,
-               f"{who}: each buffer registered when DeepSpeed's pin returned "
-               f"({exact} with its exact range, {len(registered) - exact} its whole pages)",
-               f"{pins - len(registered)} not")
-    if run["shim"] is None:
         once = [i for i in instances if i["reg_ok"] == 1 and i["unreg_ok"] == 1]
         checks(len(once) == pins and sim["register_ok"] == pins,
                f"{who}: DeepSpeed registers and unregisters each buffer exactly once ({sim['register_ok']})",
                f"{pins - len(once)} buffers otherwise")
         return
+    # DeepSpeed's cudaHostRegister of a buffer the shim holds registered is
+    # handed over: the registration is then the shim's, of the buffer's
+    # whole pages.
+    registered = [i for i in instances if i["live_when_returned"] or i["pages_when_returned"]]
+    exact = sum(1 for i in instances if i["live_when_returned"])
+    checks(pins and len(registered) == pins,
+           f"{who}: each buffer registered when DeepSpeed's pin returned "
+           f"({exact} with its exact range, {len(registered) - exact} its whole pages)",
+           f"{pins - len(registered)} not")
     # Issue 17: sharing a buffer with DeepSpeed costs the runtime nothing:
     # it sees the calls it sees without the shim, one registration and one
     # unregistration per buffer (the shim hands its registration over).
