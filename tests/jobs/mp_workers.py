@@ -14,19 +14,26 @@ SIZE = 4 << 20
 _held = []
 
 
-def lock_four_mib(_=None):
+def lock_buffer(size):
+    """A buffer of size bytes from posix_memalign, touched and mlocked through
+    ctypes.CDLL(None) (the global scope, where the shim is); its address."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
                                     ctypes.c_size_t]
     libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    pointer = ctypes.c_void_p()
+    if libc.posix_memalign(ctypes.byref(pointer), 4096, size) != 0:
+        raise MemoryError("posix_memalign")
+    ctypes.memset(pointer, 1, size)
+    if libc.mlock(pointer, size) != 0:
+        raise OSError(ctypes.get_errno(), "mlock")
+    return pointer.value
+
+
+def lock_four_mib(_=None):
+    """One 4 MiB buffer per worker, kept until it ends."""
     if not _held:
-        pointer = ctypes.c_void_p()
-        if libc.posix_memalign(ctypes.byref(pointer), 4096, SIZE) != 0:
-            raise MemoryError("posix_memalign")
-        ctypes.memset(pointer, 1, SIZE)
-        if libc.mlock(pointer, SIZE) != 0:
-            raise OSError(ctypes.get_errno(), "mlock")
-        _held.append(pointer.value)
+        _held.append(lock_buffer(SIZE))
     return os.getpid()
 
 

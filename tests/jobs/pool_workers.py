@@ -8,10 +8,11 @@ the other. Prints the workers' pids.
         python3 tests/jobs/pool_workers.py fork:4 spawn:6
     pinshim report DIR
 """
-import ctypes
 import multiprocessing
 import os
 import sys
+
+from mp_workers import lock_buffer
 
 SIZE = 4 << 20
 cache = {}
@@ -19,17 +20,7 @@ cache = {}
 
 def work(task):
     """Locks a buffer for the task and keeps it, as a cache does."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
-                                    ctypes.c_size_t]
-    libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    pointer = ctypes.c_void_p()
-    if libc.posix_memalign(ctypes.byref(pointer), 4096, SIZE) != 0:
-        raise MemoryError
-    ctypes.memset(pointer, 1, SIZE)
-    if libc.mlock(pointer, SIZE) != 0:
-        raise OSError(ctypes.get_errno(), "mlock")
-    cache[task] = pointer.value
+    cache[task] = lock_buffer(SIZE)
     return os.getpid()
 
 

@@ -58,9 +58,11 @@ def stats_files(directory):
     return documents
 
 
-def report(directory):
-    result = subprocess.run([sys.executable, os.environ["PINSHIM_REPORT"], "--json", directory],
-                            capture_output=True, text=True, timeout=60)
+def report(directory, *arguments, environment=None):
+    """pinshim report --json of directory (more options before it), as a document."""
+    result = subprocess.run(
+        [sys.executable, os.environ["PINSHIM_REPORT"], "--json", *arguments, directory],
+        env=environment, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise AssertionError(result.stdout + result.stderr)
     return json.loads(result.stdout)

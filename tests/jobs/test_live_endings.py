@@ -21,6 +21,8 @@ import sys
 import tempfile
 import unittest
 
+from test_job_stats import report, shim_environment
+
 EMULATOR = os.environ.get("PINSHIM_TEST_EMULATOR")
 SIZE = 4 << 20
 
@@ -39,19 +41,8 @@ class JobCase(unittest.TestCase):
         self.temporary.cleanup()
 
     def environment(self, **extra):
-        environment = {name: value for name, value in os.environ.items()
-                       if not name.startswith(("PINSHIM_", "FAKE_CUDART")) and
-                       name not in ("LD_PRELOAD", "XDG_RUNTIME_DIR")}
-        environment.update(
-            LD_PRELOAD=os.environ["PINSHIM_LIB"],
-            PINSHIM_CUDART=os.environ["FAKE_CUDART"],
-            PINSHIM_CONTEXT="create",
-            PINSHIM_STATS=os.path.join(self.stats, "stats.%h.%p.json"),
-            XDG_RUNTIME_DIR=self.runtime,
-            FAKE_CUDART_LOG=self.log,
-        )
-        environment.update(extra)
-        return environment
+        return shim_environment(self.stats, XDG_RUNTIME_DIR=self.runtime, FAKE_CUDART_LOG=self.log,
+                                **extra)
 
     def runtime_registrations(self):
         """Registrations the fake runtime saw succeed ("register PID ADDR
@@ -63,13 +54,8 @@ class JobCase(unittest.TestCase):
                        if line.startswith("register ") and line.split()[-1] == "0")
 
     def report(self, *arguments):
-        result = subprocess.run(
-            [sys.executable, os.environ["PINSHIM_REPORT"], "--json", "--all", *arguments,
-             self.stats],
-            env=dict(os.environ, XDG_RUNTIME_DIR=self.runtime), capture_output=True, text=True,
-            timeout=60)
-        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        return json.loads(result.stdout)
+        return report(self.stats, "--all", *arguments,
+                      environment=dict(os.environ, XDG_RUNTIME_DIR=self.runtime))
 
     def top_once(self, *arguments):
         result = subprocess.run(
