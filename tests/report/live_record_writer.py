@@ -176,6 +176,13 @@ def busy_values(live_bytes=64 << 20, live_ranges=2, **more):
     return values
 
 
+def gone_pid():
+    """The pid of a process that has ended (and been waited for)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
 class RecordsCase(unittest.TestCase):
     """A test with a directory of its own for records, and sleeping child
     processes that stand for running ones (killed at the end)."""

@@ -30,13 +30,6 @@ REPORT = os.environ.get("PINSHIM_REPORT", "")
 HOST = socket.gethostname()
 
 
-def gone_pid():
-    """The pid of a process that has ended (and been waited for)."""
-    child = subprocess.Popen(["true"])
-    child.wait()
-    return child.pid
-
-
 class Layout(unittest.TestCase):
     """The writer's offsets are those of the C structs (and so the reader's,
     which tests below read back)."""
@@ -105,7 +98,7 @@ class EndedBy(LiveCase):
         writer.write_record(self.path("running.live"), values, pid=pid, ticks=ticks)
         writer.write_record(self.path("exiting.live"), values, state=writer.EXITING,
                             pid=os.getpid(), ticks=own_ticks)
-        writer.write_record(self.path("gone.live"), values, pid=gone_pid(), ticks=own_ticks)
+        writer.write_record(self.path("gone.live"), values, pid=writer.gone_pid(), ticks=own_ticks)
         # The pid runs, but it is another process now (other start ticks).
         writer.write_record(self.path("recycled.live"), values, pid=os.getpid(),
                             ticks=own_ticks + 1)
@@ -117,9 +110,9 @@ class EndedBy(LiveCase):
         writer.write_record(self.path("elsewhere.live"), values, host="elsewhere.example",
                             pid=pid, ticks=ticks)
         writer.write_record(self.path("exited.live"), values, state=writer.EXITED,
-                            ended_by="exit", pid=gone_pid(), ticks=1)
+                            ended_by="exit", pid=writer.gone_pid(), ticks=1)
         writer.write_record(self.path("underscore.live"), values, state=writer.EXITED,
-                            ended_by="_exit", pid=gone_pid(), ticks=1)
+                            ended_by="_exit", pid=writer.gone_pid(), ticks=1)
         writer.write_record(self.path("exec.live"), values, state=writer.REPLACED,
                             ended_by="exec", pid=pid, ticks=ticks)
         write_json(self.path("old.json"), stats_document(11))
@@ -223,7 +216,7 @@ class RuntimeDirectory(LiveCase):
         other = self.path("other-job")
         for directory in (runtime, records, job, other):
             os.mkdir(directory, 0o700)
-        killed = gone_pid()
+        killed = writer.gone_pid()
         writer.write_record(os.path.join(records, f"{HOST}.{killed}.live"),
                             writer.busy_values(), pid=killed, ticks=1,
                             stats_path=os.path.join(job, f"stats.{HOST}.{killed}.json"))
@@ -236,8 +229,7 @@ class RuntimeDirectory(LiveCase):
             handle.write(b"junk")
         write_json(os.path.join(job, "stats.json"), stats_document(killed + 3, host=HOST))
         environment = dict(os.environ, XDG_RUNTIME_DIR=runtime)
-        result = subprocess.run([sys.executable, REPORT, "--json", "--all", job],
-                                capture_output=True, text=True, timeout=60, env=environment)
+        result = run_report("--json", "--all", job, environment=environment)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stderr, "", "records of other jobs are passed over silently")
         document = json.loads(result.stdout)
@@ -246,9 +238,8 @@ class RuntimeDirectory(LiveCase):
                          [(killed, "live", job), (killed + 3, "json", job)])
         self.assertEqual(document["totals"]["ended"], {"exit": 1, "killed": 1})
         # Only the files named, when asked.
-        result = subprocess.run([sys.executable, REPORT, "--json", "--all",
-                                 "--no-runtime-records", job],
-                                capture_output=True, text=True, timeout=60, env=environment)
+        result = run_report("--json", "--all", "--no-runtime-records", job,
+                            environment=environment)
         self.assertEqual([row["pid"] for row in json.loads(result.stdout)["processes"]],
                          [killed + 3])
 
@@ -256,7 +247,7 @@ class RuntimeDirectory(LiveCase):
 class Merge(LiveCase):
     def test_json_written_after_the_record_counts_alone(self):
         """Killed after writing its JSON (or its record could not go): one row."""
-        pid = gone_pid()
+        pid = writer.gone_pid()
         writer.write_record(self.path(f"stats.{HOST}.{pid}.json.live"), writer.busy_values(),
                             pid=pid, ticks=1, created_ns=time.time_ns() - 10 * 10**9)
         write_json(self.path(f"stats.{HOST}.{pid}.json"), stats_document(pid, host=HOST))
@@ -268,7 +259,7 @@ class Merge(LiveCase):
 
     def test_json_older_than_the_record_is_another_process(self):
         """The pid came back: the JSON is an earlier process's, both count."""
-        pid = gone_pid()
+        pid = writer.gone_pid()
         json_path = self.path(f"stats.{HOST}.{pid}.json")
         write_json(json_path, stats_document(pid, host=HOST))
         hour_ago = time.time() - 3600
@@ -281,7 +272,7 @@ class Merge(LiveCase):
         self.assertEqual(document["totals"]["ended"], {"exit": 1, "killed": 1})
 
     def test_other_host_or_pid_is_not_merged(self):
-        pid = gone_pid()
+        pid = writer.gone_pid()
         created = time.time_ns() - 10 * 10**9
         writer.write_record(self.path("a.live"), writer.busy_values(), pid=pid, ticks=1,
                             host="node7", created_ns=created)
@@ -294,7 +285,7 @@ class Merge(LiveCase):
     def test_an_exec_record_is_the_earlier_image(self):
         """exec leaves the old image's record: its work counts beside the JSON
         that the last image wrote with the same pid."""
-        pid = gone_pid()
+        pid = writer.gone_pid()
         writer.write_record(self.path(f"{HOST}.{pid}.live"), writer.busy_values(),
                             state=writer.REPLACED, ended_by="exec", pid=pid, ticks=1,
                             created_ns=time.time_ns() - 10 * 10**9)
@@ -309,7 +300,7 @@ class Merge(LiveCase):
         stats = self.path("stats")
         os.mkdir(live)
         os.mkdir(stats)
-        pid = gone_pid()
+        pid = writer.gone_pid()
         writer.write_record(os.path.join(live, f"{HOST}.{pid}.live"), writer.busy_values(),
                             pid=pid, ticks=1, created_ns=time.time_ns() - 10 * 10**9)
         write_json(os.path.join(stats, "s.json"), stats_document(pid, host=HOST))
@@ -458,15 +449,15 @@ class Prune(LiveCase):
             "elsewhere.live": dict(host="elsewhere.example", pid=pid, ticks=1),
         }
         remove = {
-            "killed.live": dict(pid=gone_pid(), ticks=1),
-            "exited.live": dict(pid=gone_pid(), ticks=1, state=writer.EXITED,
+            "killed.live": dict(pid=writer.gone_pid(), ticks=1),
+            "exited.live": dict(pid=writer.gone_pid(), ticks=1, state=writer.EXITED,
                                 ended_by="exit"),
             "exec.live": dict(pid=pid, ticks=ticks, state=writer.REPLACED, ended_by="exec"),
         }
         for name, options in {**keep, **remove}.items():
             writer.write_record(self.path(name), values, **options)
         # Described by a JSON too: the record of a process that ended.
-        merged_pid = gone_pid()
+        merged_pid = writer.gone_pid()
         writer.write_record(self.path("merged.live"), values, pid=merged_pid, ticks=1,
                             created_ns=time.time_ns() - 10 * 10**9)
         write_json(self.path("merged.json"), stats_document(merged_pid, host=HOST))
@@ -484,7 +475,7 @@ class Prune(LiveCase):
         self.assertEqual(sorted(os.listdir(self.directory)),
                          sorted([*keep, "merged.json", "bad.live"]))
         # Text: each removal named on stderr.
-        writer.write_record(self.path("killed.live"), values, pid=gone_pid(), ticks=1)
+        writer.write_record(self.path("killed.live"), values, pid=writer.gone_pid(), ticks=1)
         result = run_report("--prune", self.directory)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn(f"pinshim-report: removed {self.path('killed.live')}, the live record "

@@ -69,8 +69,8 @@ def write_json(path, document):
         json.dump(document, handle)
 
 
-def run_report(*arguments, command=None):
-    result = subprocess.run(command or [sys.executable, REPORT, *arguments],
+def run_report(*arguments, command=None, environment=None):
+    result = subprocess.run(command or [sys.executable, REPORT, *arguments], env=environment,
                             capture_output=True, text=True, timeout=60)
     # Whatever happened, the user never sees a Python traceback.
     assert "Traceback" not in result.stderr, result.stderr

@@ -24,6 +24,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import live_record_writer as writer  # noqa: E402
+from test_report import run_report  # noqa: E402
 
 TOP = os.environ.get("PINSHIM_TOP", "")
 HOST = socket.gethostname()
@@ -40,12 +41,8 @@ def clean_environment(**extra):
 
 
 def run_top(*arguments, command=None, environment=None):
-    result = subprocess.run(command or [sys.executable, TOP, *arguments],
-                            env=environment or clean_environment(), capture_output=True,
-                            text=True, timeout=60)
-    assert "Traceback" not in result.stderr, result.stderr
-    assert "Traceback" not in result.stdout, result.stdout
-    return result
+    return run_report(command=command or [sys.executable, TOP, *arguments],
+                      environment=environment or clean_environment())
 
 
 def cells(line):
@@ -73,12 +70,10 @@ class TopCase(writer.RecordsCase):
         return pid
 
     def write_killed(self, directory=None):
-        child = subprocess.Popen(["true"])
-        child.wait()
-        path = os.path.join(directory or self.directory, f"{HOST}.{child.pid}.live")
-        writer.write_record(path, writer.busy_values(live_bytes=512 << 20), pid=child.pid,
-                            ticks=1)
-        return child.pid
+        pid = writer.gone_pid()
+        path = os.path.join(directory or self.directory, f"{HOST}.{pid}.live")
+        writer.write_record(path, writer.busy_values(live_bytes=512 << 20), pid=pid, ticks=1)
+        return pid
 
 
 class Once(TopCase):
