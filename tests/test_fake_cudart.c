@@ -3,6 +3,7 @@
  * in its own process, so tests may change the environment and the double's
  * state. This program links both the runtime and the driver (libcuda.so.1);
  * what needs a process that links the runtime only runs fake_cudart_probe. */
+#include "emulation.h"
 #include "fake_cuda.h"
 #include "fake_cudart.h"
 
@@ -55,20 +56,13 @@ static void fresh_state(const char *extra_name, const char *extra_value)
     fake_cuda_reset(); /* linked here: loaded even before the runtime loads it */
 }
 
-/* The emulator the tests run under (scripts/test-aarch64), or NULL. */
-static const char *emulator(void)
-{
-    const char *name = getenv("PINSHIM_TEST_EMULATOR");
-    return name != NULL && name[0] != '\0' ? name : NULL;
-}
-
 /* Bytes of fake_address's reservation: 8 TiB natively; 8 GiB under an
  * emulator (qemu-user 7.2 keeps about 6 MiB of its own memory per GiB a
  * program reserves: 8 TiB took the machine's memory, 64 GiB took 0.4 s in
  * every test process). */
 static size_t reservation_bytes(void)
 {
-    return emulator() ? (size_t)8 << 30 : (size_t)8 << 40;
+    return test_emulator() ? (size_t)8 << 30 : (size_t)8 << 40;
 }
 
 static char *reservation;
@@ -1023,7 +1017,7 @@ Test(fake_cuda, max_register_bytes_at_512_gib_and_unlimited)
     if (reservation_bytes() < (size_t)5120 << 30)
         cr_skip_test("under %s: the test needs a 5 TiB reservation, which the emulator cannot "
                      "afford (see reservation_bytes)",
-                     emulator());
+                     test_emulator());
     fresh_state("FAKE_CUDA_MAX_REGISTER_BYTES", "549755813887");
     init_and_make_current(0);
     cr_assert_eq(cuMemHostRegister_v2(fake_address(4 * GiB), 512 * GiB, 0), 2);
@@ -1565,10 +1559,10 @@ Test(fake_cuda, context_destroyed_while_a_registration_sleeps)
  * every page in, which Linux refuses for PROT_NONE with ENOMEM. */
 Test(fake_cuda, a_200_gib_locked_reservation_registers)
 {
-    if (emulator())
+    if (test_emulator())
         cr_skip_test("under %s: a 200 GiB reservation costs the emulator about 1.2 GiB of its "
                      "own memory (see reservation_bytes)",
-                     emulator());
+                     test_emulator());
     fresh_state("FAKE_CUDART_CHECK", "1");
     const size_t bytes = 200 * (size_t)GiB;
     /* Readable and writable, as pinnable memory is; never touched. */
