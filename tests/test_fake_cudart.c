@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -1828,24 +1827,9 @@ Test(fake_cuda, read_only_flag_on_a_device_without_support_is_801)
     unsetenv("FAKE_CUDA_DEVICES");
 }
 
-/* A directory on a file system that writes back (not tmpfs or ramfs), for
- * shared file mappings that need dirty tracking; NULL when there is none. */
-static const char *writeback_directory(void)
-{
-    static const char *const candidates[] = {".", "/var/tmp", "/tmp"};
-    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
-        struct statfs fs;
-        if (statfs(candidates[i], &fs) == 0 && fs.f_type != 0x01021994 /* tmpfs */ &&
-            fs.f_type != (__typeof__(fs.f_type))0x858458f6 /* ramfs */ &&
-            access(candidates[i], W_OK) == 0)
-            return candidates[i];
-    }
-    return NULL;
-}
-
 Test(fake_cuda, writable_shared_file_mappings_are_not_long_term_pinnable)
 {
-    const char *build = writeback_directory();
+    const char *build = test_writeback_directory();
     if (build == NULL)
         cr_skip_test("no writable directory on a disk file system (., /var/tmp, /tmp)");
     fresh_state("FAKE_CUDA_LONGTERM_PINS", "1");
@@ -1895,7 +1879,7 @@ Test(fake_cuda, with_host_page_tables_registration_only_populates)
     cr_assert_eq(mprotect(memory, 2 * page, PROT_READ), 0);
     cr_assert_eq(cuMemHostRegister_v2(memory, 2 * page, 0), 0, "read-only needs no flag");
     int fd;
-    const char *directory = writeback_directory();
+    const char *directory = test_writeback_directory();
     if (directory != NULL) {
         char *shared = map_file(directory, PROT_READ | PROT_WRITE, MAP_SHARED, 2 * page, &fd);
         cr_assert_eq(cuMemHostRegister_v2(shared, 2 * page, 0), 0, "no long-term pin");

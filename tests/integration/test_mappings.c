@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "child.h"
+#include "emulation.h"
 #include "shim_run.h"
 
 #define DEFAULT_FLAGS 3    /* PORTABLE | DEVICEMAP: cudaHostRegisterDefault */
@@ -39,19 +39,6 @@ static void expect_quiet(const struct shim_run *run)
     shim_run_expect_no_warning(run);
     cr_assert_eq(shim_run_stats_number(run, "register", "failed"), 0, "%s", run->stats);
     cr_assert_eq(shim_run_stats_number(run, "live", "ranges"), 0, "%s", run->stats);
-}
-
-/* A directory on a file system that writes back (not tmpfs), or NULL. */
-static const char *disk_directory(void)
-{
-    static const char *const candidates[] = {".", "/var/tmp", "/tmp"};
-    for (size_t i = 0; i < 3; i++) {
-        struct statfs fs;
-        if (statfs(candidates[i], &fs) == 0 && fs.f_type != 0x01021994 &&
-            access(candidates[i], W_OK) == 0)
-            return candidates[i];
-    }
-    return NULL;
 }
 
 Test(mappings, a_read_only_file_mapping_is_registered_read_only)
@@ -87,7 +74,7 @@ Test(mappings, read_only_private_memory_is_registered_read_only)
  * drivers) it registers as any memory. */
 Test(mappings, a_writable_shared_file_mapping_is_left_out_where_it_cannot_be_pinned)
 {
-    const char *directory = disk_directory();
+    const char *directory = test_writeback_directory();
     if (directory == NULL)
         cr_skip_test("no writable directory on a disk file system (., /var/tmp, /tmp)");
     struct shim_run run;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -79,4 +80,19 @@ bool test_kernel_honours_dontfork(void)
     }
     munmap((void *)probe, page);
     return honoured;
+}
+
+const char *test_writeback_directory(void)
+{
+    static const char *const candidates[] = {".", "/var/tmp", "/tmp"};
+    for (size_t i = 0; i < sizeof(candidates) / sizeof(candidates[0]); i++) {
+        struct statfs fs;
+        if (statfs(candidates[i], &fs) != 0 || access(candidates[i], W_OK) != 0)
+            continue;
+        unsigned long type = (unsigned long)fs.f_type;
+        if (type != 0x01021994ul /* tmpfs */ && type != 0x858458f6ul /* ramfs */ &&
+            type != 0x958458f6ul /* hugetlbfs */)
+            return candidates[i];
+    }
+    return NULL;
 }

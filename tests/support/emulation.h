@@ -45,4 +45,9 @@ bool test_kernel_lists_dontunmap_source(void);
  * (qemu-user answers 0 to madvise and does nothing). */
 bool test_kernel_honours_dontfork(void);
 
+/* A writable directory of ., /var/tmp and /tmp on a file system that writes
+ * back (not tmpfs, ramfs or hugetlbfs: the kernel's vma_needs_dirty_tracking),
+ * for shared file mappings that need dirty tracking; NULL when none is. */
+const char *test_writeback_directory(void);
+
 #endif /* EMULATION_H */
