@@ -59,10 +59,11 @@ static uint64_t last_change_ns(int fd, const struct live_record_header *header)
     return newest;
 }
 
-/* Whether the record at name (open as fd) may go. */
-static bool record_is_stale(int fd, const struct live_record_header *ours, uint64_t now_ns,
-                            uint64_t keep_ns)
+/* Whether the record open as fd may go, judged by ours (the new record's
+ * header, made now: its creation time is the time now). */
+static bool record_is_stale(int fd, const struct live_record_header *ours, uint64_t keep_ns)
 {
+    uint64_t now_ns = ours->created_ns;
     struct live_record_header header;
     struct stat info;
     if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_uid != geteuid() ||
@@ -72,10 +73,9 @@ static bool record_is_stale(int fd, const struct live_record_header *ours, uint6
         return false;
     /* Only what this process can judge: its host, boot and pid namespace
      * (a container sharing the directory sees other pids), not itself. */
-    if (strncmp(header.host, ours->host, sizeof(header.host)) != 0 || ours->boot_id[0] == '\0' ||
+    if (strncmp(header.host, ours->host, sizeof(header.host)) != 0 ||
         strncmp(header.boot_id, ours->boot_id, sizeof(header.boot_id)) != 0 ||
-        ours->pid_namespace == 0 || header.pid_namespace != ours->pid_namespace ||
-        header.pid == ours->pid)
+        header.pid_namespace != ours->pid_namespace || header.pid == ours->pid)
         return false;
     bool ended = header.state == LIVE_RECORD_EXITED || header.state == LIVE_RECORD_REPLACED;
     if (!ended && process_runs(&header))
@@ -90,6 +90,7 @@ void live_record_prune(int directory_fd, const struct live_record_header *ours,
                        struct live_record_prune *prune)
 {
     prune->removed = 0;
+    /* Without its own boot id and pid namespace this process can judge none. */
     if (ours->pid_namespace == 0 || ours->boot_id[0] == '\0')
         return;
     /* A descriptor of its own: directory_fd's read position stays as it is. */
@@ -120,8 +121,7 @@ void live_record_prune(int directory_fd, const struct live_record_header *ours,
                 continue;
             struct stat opened, named;
             /* Still the file that was judged (not one made since at its name). */
-            if (record_is_stale(fd, ours, ours->created_ns, prune->keep_with_stats_ns) &&
-                fstat(fd, &opened) == 0 &&
+            if (record_is_stale(fd, ours, prune->keep_with_stats_ns) && fstat(fd, &opened) == 0 &&
                 fstatat(directory_fd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
                 opened.st_dev == named.st_dev && opened.st_ino == named.st_ino &&
                 unlinkat(directory_fd, name, 0) == 0)
