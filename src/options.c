@@ -503,7 +503,9 @@ const struct option_spec option_table[OPT_COUNT] = {
              "small file updated in place, which pinshim top shows and pinshim report reads "
              "when the process was killed: auto is a per-user directory on a memory file "
              "system ($XDG_RUNTIME_DIR/pinshim, else /dev/shm/pinshim-UID, else "
-             "/tmp/pinshim-UID); the file goes at a clean exit.",
+             "/tmp/pinshim-UID); the file goes at a clean exit, and in the auto directory a "
+             "killed process's goes when the next process makes its own (a day later when it "
+             "names a statistics file).",
      .parse = parse_live},
 };
 
