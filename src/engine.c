@@ -160,9 +160,7 @@ bool engine_note_immediate_exit(struct engine *engine)
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += 5;
     for (;;) {
-        bool busy = engine->worker_busy;
-        for (int slot = 0; slot < ENGINE_CLAIMS && !busy; slot++)
-            busy = engine->claims[slot].count != 0;
+        bool busy = engine->worker_busy || engine->claims_taken != 0;
         if (!busy || pthread_cond_timedwait(&engine->changed, &engine->mutex, &deadline) != 0)
             break;
     }

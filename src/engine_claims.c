@@ -15,10 +15,11 @@ bool engine_ranges_overlap(uintptr_t a_start, uintptr_t a_end, uintptr_t b_start
 static bool claims_conflict_locked(const struct engine *engine, const uintptr_t *starts,
                                    const uintptr_t *ends, unsigned count, int ignore_slot)
 {
-    for (int slot = 0; slot < ENGINE_CLAIMS; slot++) {
-        const struct engine_claim *claim = &engine->claims[slot];
-        if (claim->count == 0 || slot == ignore_slot)
-            continue;
+    uint64_t taken = engine->claims_taken;
+    if (ignore_slot >= 0)
+        taken &= ~((uint64_t)1 << ignore_slot);
+    for (; taken != 0; taken &= taken - 1) {
+        const struct engine_claim *claim = &engine->claims[__builtin_ctzll(taken)];
         for (unsigned i = 0; i < claim->count; i++)
             for (unsigned j = 0; j < count; j++)
                 if (engine_ranges_overlap(claim->start[i], claim->end[i], starts[j], ends[j]))
@@ -57,10 +58,7 @@ bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const ui
             if (extend)
                 extend_to_records_locked(engine, &wanted_start[i], &wanted_end[i]);
         }
-        int free_slot = -1;
-        for (int slot = 0; slot < ENGINE_CLAIMS && free_slot < 0; slot++)
-            if (engine->claims[slot].count == 0)
-                free_slot = slot;
+        int free_slot = ~engine->claims_taken == 0 ? -1 : __builtin_ctzll(~engine->claims_taken);
         if (free_slot >= 0 &&
             !claims_conflict_locked(engine, wanted_start, wanted_end, count, -1)) {
             struct engine_claim *claim = &engine->claims[free_slot];
@@ -69,6 +67,7 @@ bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const ui
                 claim->end[i] = wanted_end[i];
             }
             claim->count = count;
+            engine->claims_taken |= (uint64_t)1 << free_slot;
             op->slot = free_slot;
             return true;
         }
@@ -101,6 +100,15 @@ bool engine_op_claims(const struct engine_op *op, uintptr_t start, uintptr_t end
     return false;
 }
 
+void engine_drop_claim_locked(struct engine_op *op)
+{
+    struct engine *engine = op->engine;
+    engine->claims[op->slot].count = 0;
+    engine->claims_taken &= ~((uint64_t)1 << op->slot);
+    op->slot = -1;
+    pthread_cond_broadcast(&engine->changed);
+}
+
 /* ---- operations: begin and end ---- */
 
 /* Cancellation is off for the whole operation: the engine waits on condition
@@ -119,10 +127,8 @@ void engine_op_begin(struct engine_op *op, struct engine *engine)
 void engine_op_end(struct engine_op *op)
 {
     struct engine *engine = op->engine;
-    if (op->slot >= 0) {
-        engine->claims[op->slot].count = 0;
-        pthread_cond_broadcast(&engine->changed);
-    }
+    if (op->slot >= 0)
+        engine_drop_claim_locked(op);
     pthread_mutex_unlock(&engine->mutex);
     if (op->start_worker && engine->backend->wake_worker != NULL)
         engine->backend->wake_worker(engine->backend->context);

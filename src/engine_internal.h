@@ -160,6 +160,8 @@ bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const ui
  * it; never waits. */
 bool engine_claim_more_locked(struct engine_op *op, uintptr_t start, uintptr_t end);
 bool engine_op_claims(const struct engine_op *op, uintptr_t start, uintptr_t end);
+/* Gives the op's claim up (its slot is free again) and wakes the waiters. */
+void engine_drop_claim_locked(struct engine_op *op);
 /* An operation: begin takes the mutex (cancellation off), run drops it around
  * the real call, end drops the claim and the mutex and starts the
  * registration thread when the op asked for it. */

@@ -234,9 +234,7 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
         whole_start = engine_page_floor(engine, program.lock_start);
         whole_end = engine_page_ceil(engine, program.lock_end);
         if (!engine_op_claims(&op, whole_start, whole_end)) {
-            engine->claims[op.slot].count = 0;
-            pthread_cond_broadcast(&engine->changed);
-            op.slot = -1;
+            engine_drop_claim_locked(&op);
             engine_claim_locked(&op, &whole_start, &whole_end, 1, true, false);
             record = range_registry_containing(&engine->registry, start);
             if (record == NULL || record->state != RANGE_PROGRAM ||

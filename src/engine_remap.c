@@ -171,9 +171,7 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
      * (its work is done) and the new range is claimed holding nothing. */
     bool may_register_new = engine_op_claims(&op, new_start, new_end);
     if (!may_register_new && moved.head != NULL) {
-        engine->claims[op.slot].count = 0;
-        pthread_cond_broadcast(&engine->changed);
-        op.slot = -1;
+        engine_drop_claim_locked(&op);
         may_register_new = engine_claim_locked(&op, &new_start, &new_end, 1, false, true);
     }
     if (may_register_new && dontunmap) {

@@ -21,8 +21,7 @@ static void register_queued_locked(struct engine *engine, uintptr_t base)
         engine_register_record_locked(engine, base, true);
         engine->worker_busy = false;
     }
-    engine->claims[op.slot].count = 0;
-    pthread_cond_broadcast(&engine->changed);
+    engine_drop_claim_locked(&op);
 }
 
 /* Asks the backend, for each pending record, whether a context exists now;
