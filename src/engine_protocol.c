@@ -738,6 +738,7 @@ long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned 
     struct engine_op op;
     engine_op_begin(&op, engine);
     engine_claim_locked(&op, &start, &end, 1, false, false);
+    engine_prefetch_locked(engine, start, end); /* arrives during the real call */
     int call_errno;
     long result = engine_op_run(&op, call, &call_errno);
     if (result == 0 && !engine->shut_down) {
@@ -854,6 +855,7 @@ long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
         return engine_run_plain(call);
     struct engine_op op;
     engine_op_begin(&op, engine);
+    engine_prefetch_locked(engine, start, end);
     engine_claim_locked(&op, &start, &end, 1, true, false);
     struct engine_ticket ticket = {0};
     struct release_request request = {start, end, reason, &ticket, false, 0, 0};
@@ -887,6 +889,7 @@ long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
         return engine_run_plain(call);
     struct engine_op op;
     engine_op_begin(&op, engine);
+    engine_prefetch_locked(engine, pages_start, pages_end);
     engine_claim_locked(&op, &pages_start, &pages_end, 1, true, false);
     struct engine_ticket ticket = {0};
     struct release_request request = {pages_start, pages_end, reason, can_fail ? &ticket : NULL,

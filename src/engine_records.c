@@ -155,6 +155,17 @@ void engine_window_refresh_locked(struct engine *engine, uintptr_t start, uintpt
     }
 }
 
+void engine_prefetch_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    range_registry_prefetch(&engine->registry, start);
+    range_registry_prefetch(&engine->registry, end);
+    uint64_t *map = engine->window_entries;
+    uintptr_t base = engine->free_view.window_before + 1;
+    if (map != NULL && start >= base &&
+        (start - base) >> PAGE_INDEX_GRANULE_SHIFT < ENGINE_WINDOW_ENTRIES)
+        __builtin_prefetch(&map[(start - base) >> PAGE_INDEX_GRANULE_SHIFT]);
+}
+
 /* The window goes where the first record is, once; a failed mapping leaves
  * free on the page index alone. */
 static void window_place(struct engine *engine, uintptr_t address)

@@ -187,6 +187,16 @@ bool page_index_any_used(const struct page_index *index, uintptr_t start, uintpt
     return page_index_find_next(index, PAGE_INDEX_USED, true, aligned_start, aligned_end, &unused);
 }
 
+void page_index_prefetch(const struct page_index *index, uintptr_t addr)
+{
+    uintptr_t granule = granule_of(addr), skip_to;
+    if (addr >= PAGE_INDEX_LIMIT)
+        return;
+    struct page_index_leaf *leaf = leaf_lookup(index, granule, &skip_to);
+    if (leaf != NULL)
+        __builtin_prefetch(&leaf->words[(granule & (LEAF_GRANULES - 1)) / 64]);
+}
+
 bool page_index_find_base_at_or_before(const struct page_index *index, uintptr_t addr,
                                        uintptr_t *found)
 {

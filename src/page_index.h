@@ -108,6 +108,11 @@ static inline bool page_index_any_used_inline(const struct page_index *index, ui
     return used >= 0 ? used != 0 : page_index_any_used(index, start, end);
 }
 
+/* Starts loading the line of the bitmaps that holds addr's granule, so that
+ * the queries about it that follow find it in cache (issue 22: at many live
+ * ranges every map is out of cache). */
+void page_index_prefetch(const struct page_index *index, uintptr_t addr);
+
 /* The last base at or before addr; false if none is found before a gap. */
 bool page_index_find_base_at_or_before(const struct page_index *index, uintptr_t addr,
                                        uintptr_t *found);

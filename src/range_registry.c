@@ -4,6 +4,8 @@
 
 #define INITIAL_CAPACITY 1024
 
+_Static_assert(sizeof(struct range_record) == 64, "a slot is one cache line");
+
 static inline size_t slot_of(const struct range_registry *registry, uintptr_t base)
 {
     /* Fibonacci hashing of the page number spreads sequential bases. */
@@ -135,6 +137,14 @@ void range_registry_remove(struct range_registry *registry, uintptr_t base)
     }
     memset(&registry->slots[hole], 0, sizeof(struct range_record));
     registry->count--;
+}
+
+void range_registry_prefetch(const struct range_registry *registry, uintptr_t base)
+{
+    if (registry->slots == NULL)
+        return;
+    __builtin_prefetch(&registry->slots[slot_of(registry, base)]);
+    page_index_prefetch(&registry->index, base);
 }
 
 struct range_record *range_registry_containing(struct range_registry *registry, uintptr_t addr)

@@ -2,7 +2,13 @@
  * table keyed by base address (expected O(1) lookup for munlock/free/munmap of
  * a whole registration) with the page index as companion for overlap and
  * containment queries. Not thread-safe: the engine holds its lock around every
- * call. Record pointers are valid only until the next insert or remove. */
+ * call. Record pointers are valid only until the next insert or remove.
+ *
+ * A slot is a record, one cache line (64 bytes, aligned): a lookup reads the
+ * line of its home slot and, when displaced, the next ones (linear probing),
+ * and the address of that line is known before the table is read, so that
+ * range_registry_prefetch can start the load early (issue 22: with a million
+ * live ranges each line is a miss; 56-byte slots straddled two lines). */
 #ifndef PINSHIM_RANGE_REGISTRY_H
 #define PINSHIM_RANGE_REGISTRY_H
 
@@ -51,7 +57,7 @@ struct range_record {
      * would have registered), so the shim takes them back when the program
      * unregisters. */
     uint8_t program_locked;
-};
+} __attribute__((aligned(64)));
 
 struct range_registry {
     struct range_record *slots;
@@ -78,6 +84,11 @@ bool range_registry_reserve(struct range_registry *registry, size_t extra);
  * the right part, or NULL when out of memory (nothing changed). */
 struct range_record *range_registry_split(struct range_registry *registry, uintptr_t base,
                                           uintptr_t at);
+
+/* Starts loading what a call about a record based at base reads first: its
+ * home slot's line in the hash table and the page index's line for base.
+ * Misses that would come one after another then overlap. */
+void range_registry_prefetch(const struct range_registry *registry, uintptr_t base);
 
 /* The record containing addr, or NULL. */
 struct range_record *range_registry_containing(struct range_registry *registry, uintptr_t addr);
