@@ -96,6 +96,77 @@ static uint64_t window_entry(struct engine *engine, uintptr_t granule, struct da
     return next > b ? engine_window_after_entry(b, next) : reach;
 }
 
+/* The entry at granule before from, which saw nothing before from: the
+ * first danger it sees is ahead, or its own when the old entry shows one
+ * nearer than from (then it and the ones below are unchanged: false). */
+static bool refresh_one_below(uint64_t *slot, uintptr_t granule, uintptr_t from,
+                              struct danger ahead)
+{
+    uintptr_t reach = ENGINE_WINDOW_LIMIT;
+    uint64_t entry = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    uintptr_t next =
+        ahead.end == 0 || ahead.start >= granule + reach ? reach : ahead.start - granule;
+    if (entry >> ENGINE_WINDOW_AFTER_SHIFT != 0) {
+        /* A danger covers this granule's start and ends inside it: what it
+         * sees next may be in [from, ...); the ones below see the danger
+         * here first. */
+        uintptr_t after = (uintptr_t)(uint32_t)entry;
+        uintptr_t seen = (uintptr_t)(entry >> ENGINE_WINDOW_AFTER_SHIFT);
+        if (granule + seen >= from)
+            __atomic_store_n(slot, next > after ? engine_window_after_entry(after, next) : reach,
+                             __ATOMIC_RELAXED);
+        return false;
+    }
+    uintptr_t seen = reach - (uintptr_t)entry; /* distance to what it sees first */
+    if (seen < reach && granule + seen < from)
+        return false; /* a danger of its own, before from */
+    if (reach - next == entry)
+        return false; /* it sees what it saw: so do the ones below, which see it first too */
+    __atomic_store_n(slot, reach - next, __ATOMIC_RELAXED);
+    return true;
+}
+
+/* The entries below map[first] (granule from) that look ahead past from,
+ * after the first danger ending after from became ahead. A record alone in
+ * its megabyte has all 254 below it to rewrite at each lock and unlock, so
+ * the common case, ahead at or after from, runs in a loop of a few
+ * instructions an entry; refresh_one_below takes the entries it cannot
+ * decide, and every entry when ahead starts before from. */
+static void refresh_below_locked(uint64_t *map, uintptr_t first, uintptr_t from,
+                                 struct danger ahead)
+{
+    uintptr_t reach = ENGINE_WINDOW_LIMIT;
+    uintptr_t steps = (reach - 1) >> PAGE_INDEX_GRANULE_SHIFT; /* below from, within reach */
+    if (steps > first)
+        steps = first;
+    if (ahead.end != 0 && ahead.start < from) {
+        for (uintptr_t k = 1; k <= steps; k++)
+            if (!refresh_one_below(&map[first - k], from - (k << PAGE_INDEX_GRANULE_SHIFT), from,
+                                   ahead))
+                return;
+        return;
+    }
+    /* At k granules below from: the danger ahead is at distance t + k G
+     * (none: beyond reach), so the entry becomes reach - t - k G, or 0 once
+     * that reaches 0; an old entry above reach - k G sees a danger of its own
+     * before from (or is an "after" entry, above every plain one). */
+    uintptr_t t = ahead.end == 0 || ahead.start - from >= reach ? reach : ahead.start - from;
+    uint64_t updated = reach - t, own_above = reach;
+    for (uintptr_t k = 1; k <= steps; k++) {
+        updated = updated > PAGE_INDEX_GRANULE ? updated - PAGE_INDEX_GRANULE : 0;
+        own_above -= PAGE_INDEX_GRANULE;
+        uint64_t *slot = &map[first - k];
+        uint64_t entry = __atomic_load_n(slot, __ATOMIC_RELAXED);
+        if (entry > own_above) {
+            refresh_one_below(slot, from - (k << PAGE_INDEX_GRANULE_SHIFT), from, ahead);
+            return;
+        }
+        if (entry == updated)
+            return; /* it sees what it saw: so do the ones below, which see it first too */
+        __atomic_store_n(slot, updated, __ATOMIC_RELAXED);
+    }
+}
+
 /* Recomputes the entries that a change of danger in [start, end) (a record
  * inserted or removed there, or its lock bytes changed) can change: those of
  * [start, end) from the registry, then those before start that looked ahead
@@ -130,29 +201,7 @@ void engine_window_refresh_locked(struct engine *engine, uintptr_t start, uintpt
      * now sees the first danger at or after start. */
     uintptr_t from = base + (first << PAGE_INDEX_GRANULE_SHIFT);
     struct danger ahead = next_danger(engine, from, from + reach);
-    for (uintptr_t at = first;
-         at-- > 0 && from - (base + (at << PAGE_INDEX_GRANULE_SHIFT)) < reach;) {
-        uintptr_t granule = base + (at << PAGE_INDEX_GRANULE_SHIFT);
-        uint64_t entry = __atomic_load_n(&map[at], __ATOMIC_RELAXED);
-        uintptr_t next =
-            ahead.end == 0 || ahead.start >= granule + reach ? reach : ahead.start - granule;
-        uintptr_t after = (uintptr_t)(uint32_t)entry;
-        if (entry >> ENGINE_WINDOW_AFTER_SHIFT != 0) {
-            /* A danger covers this granule's start and ends inside it: what
-             * it sees next may be in [start, end); the ones below see the
-             * danger here first. */
-            uintptr_t seen = (uintptr_t)(entry >> ENGINE_WINDOW_AFTER_SHIFT);
-            if (granule + seen >= from)
-                __atomic_store_n(&map[at],
-                                 next > after ? engine_window_after_entry(after, next) : reach,
-                                 __ATOMIC_RELAXED);
-            break;
-        }
-        uintptr_t seen = reach - (uintptr_t)entry; /* distance to what it sees first */
-        if (seen < reach && granule + seen < from)
-            break; /* a danger of its own, before start */
-        __atomic_store_n(&map[at], reach - next, __ATOMIC_RELAXED);
-    }
+    refresh_below_locked(map, first, from, ahead);
 }
 
 void engine_prefetch_locked(struct engine *engine, uintptr_t start, uintptr_t end)

@@ -1300,8 +1300,11 @@ static uint64_t expected_entry(uintptr_t granule)
     return next > b ? engine_window_after_entry(b, next) : reach;
 }
 
-static void expect_window_exact(char *memory, size_t size)
+/* Returns how many entries it compared that see a danger (not vacuous). */
+static size_t expect_window_exact(char *memory, size_t size)
 {
+    size_t seeing = 0;
+    cr_assert_not_null(engine.window_entries, "the window is mapped");
     uintptr_t window = engine.free_view.window_before + 1;
     for (uintptr_t granule = (uintptr_t)memory; granule < (uintptr_t)memory + size;
          granule += PAGE_INDEX_GRANULE) {
@@ -1312,7 +1315,9 @@ static void expect_window_exact(char *memory, size_t size)
         cr_assert_eq(entry, expected, "granule %#lx: entry %#llx, recomputed %#llx",
                      (unsigned long)granule, (unsigned long long)entry,
                      (unsigned long long)expected);
+        seeing += entry != 0;
     }
+    return seeing;
 }
 
 Test(engine, free_fast_checks_never_clear_a_block_whose_free_releases_pages, .timeout = 60)
@@ -1326,7 +1331,7 @@ Test(engine, free_fast_checks_never_clear_a_block_whose_free_releases_pages, .ti
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     engine_enable_window(&engine);
     unsigned seed = 4242;
-    size_t cleared = 0, checked = 0;
+    size_t cleared = 0, checked = 0, seeing = 0;
     for (int round = 0; round < 60; round++) {
         for (int i = 0; i < 20; i++) {
             char *region = far != MAP_FAILED && next_random(&seed) % 4 == 0 ? far : memory;
@@ -1338,8 +1343,7 @@ Test(engine, free_fast_checks_never_clear_a_block_whose_free_releases_pages, .ti
                 lock(start + next_random(&seed) % PAGE, pages * PAGE);
         }
         cleared += check_blocks(memory, size, &seed, 3000);
-        if (round % 10 == 0)
-            expect_window_exact(memory, size);
+        seeing += expect_window_exact(memory, size);
         if (far != MAP_FAILED)
             cleared += check_blocks(far, size, &seed, 1000);
         checked += far != MAP_FAILED ? 4000 : 3000;
@@ -1349,11 +1353,59 @@ Test(engine, free_fast_checks_never_clear_a_block_whose_free_releases_pages, .ti
     cr_assert_gt(cleared, checked / 2, "cleared %zu of %zu", cleared, checked);
     cr_assert_lt(cleared, checked, "cleared every block");
     cr_assert_gt(touching_cleared, 0, "no block on a registered page was cleared");
+    cr_assert_gt(seeing, 0, "the window's entries were compared where they see a danger");
     unlock((uintptr_t)memory, (uintptr_t)memory + size, RELEASE_MUNMAP);
     if (far != MAP_FAILED) {
         unlock((uintptr_t)far, (uintptr_t)far + size, RELEASE_MUNMAP);
         munmap(far, size);
     }
+    munmap(memory, size);
+}
+
+/* Lone pages and small clusters, closer and further apart than an entry
+ * looks ahead: each lock and unlock rewrites the entries below it up to
+ * the nearest danger, and stops early where nothing changes. After every
+ * step the map must equal the one recomputed from the registry. */
+Test(engine, window_entries_stay_exact_around_lone_pages, .timeout = 60)
+{
+    size_t size = 128 << 20;
+    char *memory = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    cr_assert_neq(memory, MAP_FAILED);
+    struct engine_options every_lock = options(false, 0);
+    every_lock.min_bytes = 1;
+    restart_engine(every_lock);
+    engine_enable_window(&engine);
+    enum { SPOTS = 96 };
+    uintptr_t spots[SPOTS];
+    bool locked[SPOTS] = {false};
+    unsigned seed = 77;
+    /* Gaps of 1 to 400 pages: some within an entry's reach (255), some not. */
+    uintptr_t at = (uintptr_t)memory + 16 * PAGE;
+    for (int i = 0; i < SPOTS; i++) {
+        spots[i] = at;
+        at += (1 + next_random(&seed) % 400) * PAGE;
+        cr_assert_lt(at, (uintptr_t)memory + size - 8 * PAGE);
+    }
+    size_t lone_changes = 0, seeing = 0;
+    for (int step = 0; step < 600; step++) {
+        int i = (int)(next_random(&seed) % SPOTS);
+        if (locked[i]) {
+            unlock(spots[i], spots[i] + PAGE, RELEASE_MUNLOCK);
+        } else {
+            /* Some locks end inside their page: the entry there keeps the
+             * end and what comes after it. */
+            size_t length = next_random(&seed) % 3 == 0 ? 64 + next_random(&seed) % 2000 : PAGE;
+            lock(spots[i], length);
+        }
+        locked[i] = !locked[i];
+        bool alone = (i == 0 || !locked[i - 1] || spots[i] - spots[i - 1] > ENGINE_WINDOW_LIMIT);
+        lone_changes += alone;
+        seeing += expect_window_exact(memory, size);
+    }
+    cr_assert_gt(lone_changes, 100, "lone pages were locked and unlocked");
+    cr_assert_gt(seeing, 600 * 255, "the entries compared see the locked pages");
+    unlock((uintptr_t)memory, (uintptr_t)memory + size, RELEASE_MUNMAP);
     munmap(memory, size);
 }
 
