@@ -454,16 +454,37 @@ struct pair_context {
     int (*fake_unregister)(void *);
 };
 
-/* One round of (b) at ctx->live ranges: munlock+mlock pairs of the pages in
- * order (through the shim, then as raw syscalls, interleaved in blocks), and
- * the fake's unregister+register of the pages in direct_order made directly.
- * Prints a ROUND line of per-pair medians over the blocks; false on a count
- * that does not add up. */
+/* cudaHostRegisterPortable | cudaHostRegisterMapped: what the shim asks for
+ * by default (cudaHostRegisterDefault's meaning on 64-bit systems). */
+#define SHIM_DEFAULT_REGISTER_FLAGS 3u
+
+/* The pair the shim makes, made without it: the fake's unregister, the
+ * system calls, the fake's register, on the same page in the same order.
+ * The shim does not see any of it and its view stays right (the page ends
+ * registered and locked, as it began). */
+static void bare_pair(const struct pair_context *ctx, char *page)
+{
+    ctx->fake_unregister(page);
+    raw_munlock(page, page_bytes);
+    raw_mlock(page, page_bytes);
+    ctx->fake_register(page, page_bytes, SHIM_DEFAULT_REGISTER_FLAGS);
+}
+
+/* The pages each arm of (b) works on, as indexes into the region. */
+enum { ARM_SHIM, ARM_RAW, ARM_BARE, ARMS };
+
+/* One round of (b) at ctx->live ranges, in interleaved blocks: munlock+mlock
+ * pairs through the shim, the same pairs as raw syscalls, and bare pairs
+ * (the runtime's calls and the syscalls without the shim), each arm on pages
+ * of its own (order[arm]: in the random pattern no arm finds what another
+ * has just brought into cache, the kernel's page tables or the runtime's
+ * tree). Prints a ROUND line of per-pair medians over the blocks; false on a
+ * count that does not add up. */
 static bool measure_round(const struct pair_context *ctx, const char *pattern, int round,
-                          const size_t *order, const size_t *direct_order)
+                          size_t *const order[ARMS])
 {
     size_t blocks = (ctx->pairs + BLOCK_PAIRS - 1) / BLOCK_PAIRS;
-    enum { SHIM, RAW, RUNTIME, DIRECT, BOOK, BOOK_DIRECT, SERIES };
+    enum { SHIM, RAW, BARE, RUNTIME, BOOK, BOOK_COUNTERS, SERIES };
     double *ns[SERIES];
     for (int k = 0; k < SERIES; k++)
         ns[k] = calloc(blocks, sizeof(double));
@@ -472,16 +493,17 @@ static bool measure_round(const struct pair_context *ctx, const char *pattern, i
         size_t first = block * BLOCK_PAIRS;
         size_t last = first + BLOCK_PAIRS < ctx->pairs ? first + BLOCK_PAIRS : ctx->pairs;
         double count = (double)(last - first);
-        /* Short interleaved blocks, alternating which goes first, so that
-         * interference from other processes hits both loops alike. */
-        for (int half = 0; half < 2; half++) {
-            bool through_shim = (half == 0) == ((block + (size_t)round) % 2 == 0);
-            if (through_shim) {
+        /* Short interleaved blocks, rotating which goes first, so that
+         * interference from other processes hits the three loops alike. */
+        for (int turn = 0; turn < ARMS; turn++) {
+            int arm = (int)((block + (size_t)round + (size_t)turn) % ARMS);
+            const size_t *pages = order[arm];
+            if (arm == ARM_SHIM) {
                 struct pinshim_counters before, after;
                 ctx->counters(&before, sizeof(before));
                 double began = bench_now_seconds();
                 for (size_t i = first; i < last; i++) {
-                    char *page = ctx->region + order[i] * page_bytes;
+                    char *page = ctx->region + pages[i] * page_bytes;
                     munlock(page, page_bytes);
                     mlock(page, page_bytes);
                 }
@@ -500,39 +522,31 @@ static bool measure_round(const struct pair_context *ctx, const char *pattern, i
                     (double)(after.register_nanoseconds - before.register_nanoseconds +
                              after.unregister_nanoseconds - before.unregister_nanoseconds) /
                     count;
-            } else {
+            } else if (arm == ARM_RAW) {
                 double began = bench_now_seconds();
                 for (size_t i = first; i < last; i++) {
-                    char *page = ctx->region + order[i] * page_bytes;
+                    char *page = ctx->region + pages[i] * page_bytes;
                     raw_munlock(page, page_bytes);
                     raw_mlock(page, page_bytes);
                 }
                 ns[RAW][block] = (bench_now_seconds() - began) * 1e9 / count;
+            } else {
+                double began = bench_now_seconds();
+                for (size_t i = first; i < last; i++)
+                    bare_pair(ctx, ctx->region + pages[i] * page_bytes);
+                ns[BARE][block] = (bench_now_seconds() - began) * 1e9 / count;
             }
         }
-        ns[DIRECT][block] = -1;
-        if (ctx->fake_register != NULL && ctx->fake_unregister != NULL) {
-            /* The runtime's part made straight to the fake (the shim does not see
-             * it and its view stays right): other pages of the same pattern, so
-             * that the fake's caches are as cold as in the shim's loop. */
-            double began = bench_now_seconds();
-            for (size_t i = first; i < last; i++) {
-                char *page = ctx->region + direct_order[i] * page_bytes;
-                ctx->fake_unregister(page);
-                ctx->fake_register(page, page_bytes, 0);
-            }
-            ns[DIRECT][block] = (bench_now_seconds() - began) * 1e9 / count;
-        }
-        ns[BOOK][block] = ns[SHIM][block] - ns[RAW][block] - ns[RUNTIME][block];
-        ns[BOOK_DIRECT][block] = ns[SHIM][block] - ns[RAW][block] - ns[DIRECT][block];
+        ns[BOOK][block] = ns[SHIM][block] - ns[BARE][block];
+        ns[BOOK_COUNTERS][block] = ns[SHIM][block] - ns[RAW][block] - ns[RUNTIME][block];
     }
     if (ok)
-        printf("ROUND live=%zu pattern=%s round=%d pairs=%zu shim=%.3f raw=%.3f runtime=%.3f "
-               "direct=%.3f book=%.3f bookdirect=%.3f\n",
+        printf("ROUND live=%zu pattern=%s round=%d pairs=%zu shim=%.3f raw=%.3f bare=%.3f "
+               "runtime=%.3f book=%.3f bookcounters=%.3f\n",
                ctx->live, pattern, round, ctx->pairs, bench_median(ns[SHIM], blocks),
-               bench_median(ns[RAW], blocks), bench_median(ns[RUNTIME], blocks),
-               bench_median(ns[DIRECT], blocks), bench_median(ns[BOOK], blocks),
-               bench_median(ns[BOOK_DIRECT], blocks));
+               bench_median(ns[RAW], blocks), bench_median(ns[BARE], blocks),
+               bench_median(ns[RUNTIME], blocks), bench_median(ns[BOOK], blocks),
+               bench_median(ns[BOOK_COUNTERS], blocks));
     for (int k = 0; k < SERIES; k++)
         free(ns[k]);
     return ok;
@@ -549,10 +563,10 @@ static int child_bookkeeping(const size_t *sizes, size_t size_count, size_t pair
     for (size_t i = 0; i < size_count; i++)
         if (sizes[i] > max_live)
             max_live = sizes[i];
-    /* One mapping holds every range, plus a spare page for the direct calls to
-     * the fake runtime. Locking it once with the raw syscall populates it; the
-     * shim then sees one mlock per page, which registers that page alone. */
-    size_t pages = max_live + 1;
+    /* One mapping holds every range. Locking it once with the raw syscall
+     * populates it; the shim then sees one mlock per page, which registers
+     * that page alone. */
+    size_t pages = max_live;
     char *region = mmap(NULL, pages * page_bytes, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (region == MAP_FAILED) {
@@ -566,12 +580,13 @@ static int child_bookkeeping(const size_t *sizes, size_t size_count, size_t pair
     }
     printf("INFO populated %zu pages in %.3f s\n", pages, bench_now_seconds() - setup_began);
 
-    /* The fake runtime the shim loaded, for timing its calls directly. */
+    /* The fake runtime the shim loaded, for the bare pairs. */
     int (*fake_register)(void *, size_t, unsigned) = NULL;
     int (*fake_unregister)(void *) = NULL;
 
-    size_t *order = malloc(pairs * sizeof(*order));
-    size_t *direct_order = malloc(pairs * sizeof(*direct_order));
+    size_t *order[ARMS];
+    for (int arm = 0; arm < ARMS; arm++)
+        order[arm] = malloc(pairs * sizeof(*order[arm]));
     size_t live = 0;
     uint64_t state = 0xC0FFEEull;
     for (size_t s = 0; s < size_count; s++) {
@@ -600,6 +615,12 @@ static int child_bookkeeping(const size_t *sizes, size_t size_count, size_t pair
                 fake_register = (int (*)(void *, size_t, unsigned))dlsym(fake, "cudaHostRegister");
                 fake_unregister = (int (*)(void *))dlsym(fake, "cudaHostUnregister");
             }
+            if (fake_register == NULL || fake_unregister == NULL) {
+                printf("ERROR the fake runtime the shim registers with (PINSHIM_CUDART=%s) is "
+                       "not loaded\n",
+                       fake_path ? fake_path : "");
+                return 1;
+            }
         }
         struct pair_context context = {
             .region = region,
@@ -609,32 +630,36 @@ static int child_bookkeeping(const size_t *sizes, size_t size_count, size_t pair
             .fake_register = fake_register,
             .fake_unregister = fake_unregister,
         };
-        /* random: pages picked at random among the live ones (the shim's and
-         * the fake's tables are out of cache at large counts); hot: one page
-         * over and over (what the code costs with its data in cache). */
-        for (size_t i = 0; i < pairs; i++) {
-            order[i] = (size_t)(next_random(&state) % live);
-            direct_order[i] = (size_t)(next_random(&state) % live);
-        }
+        /* random: pages picked at random among the live ones, for each arm
+         * its own (the shim's, the fake's and the kernel's tables are out of
+         * cache at large counts). */
+        for (int arm = 0; arm < ARMS; arm++)
+            for (size_t i = 0; i < pairs; i++)
+                order[arm][i] = (size_t)(next_random(&state) % live);
         for (int round = 0; round < rounds; round++)
-            if (!measure_round(&context, "random", round, order, direct_order))
+            if (!measure_round(&context, "random", round, order))
                 return 1;
         /* sequential: the live pages in address order (each pair's
-         * neighbours were the last ones touched: issue 22). */
-        for (size_t i = 0; i < pairs; i++)
-            order[i] = direct_order[i] = i % live;
+         * neighbours were the last ones touched: issue 22), each arm from
+         * its own place among them. */
+        for (int arm = 0; arm < ARMS; arm++)
+            for (size_t i = 0; i < pairs; i++)
+                order[arm][i] = (i + (size_t)arm * (live / ARMS)) % live;
         for (int round = 0; round < rounds; round++)
-            if (!measure_round(&context, "sequential", round, order, direct_order))
+            if (!measure_round(&context, "sequential", round, order))
                 return 1;
-        for (size_t i = 0; i < pairs; i++)
-            order[i] = direct_order[i] = live / 2;
+        /* hot: one page over and over, the same for every arm (what the code
+         * costs with its data in cache). */
+        for (int arm = 0; arm < ARMS; arm++)
+            for (size_t i = 0; i < pairs; i++)
+                order[arm][i] = live / 2;
         for (int round = 0; round < rounds; round++)
-            if (!measure_round(&context, "hot", round, order, direct_order))
+            if (!measure_round(&context, "hot", round, order))
                 return 1;
         fflush(stdout);
     }
-    free(order);
-    free(direct_order);
+    for (int arm = 0; arm < ARMS; arm++)
+        free(order[arm]);
     return 0;
 }
 
@@ -676,8 +701,8 @@ struct bookkeeping_result {
     char reason[200];
     int rounds;
     /* Per round, per pair, in ns: medians over the round's interleaved blocks. */
-    double shim[MAX_ROUNDS], raw[MAX_ROUNDS], runtime[MAX_ROUNDS], direct[MAX_ROUNDS];
-    double book[MAX_ROUNDS], book_direct[MAX_ROUNDS];
+    double shim[MAX_ROUNDS], raw[MAX_ROUNDS], bare[MAX_ROUNDS], runtime[MAX_ROUNDS];
+    double book[MAX_ROUNDS], book_counters[MAX_ROUNDS];
     size_t pairs;
 };
 
@@ -1138,7 +1163,7 @@ static void run_bookkeeping_part(struct bookkeeping_result *results, size_t *res
         result->pattern = patterns[i / sizes];
         result->pairs = options.pairs;
         /* The pages; the registry and the fake's tree add a few MiB unlocked. */
-        size_t bytes = (result->live + 1) * page_bytes;
+        size_t bytes = result->live * page_bytes;
         if (!memlock_allows(bytes, result->reason, sizeof(result->reason))) {
             result->skipped = true;
             continue;
@@ -1178,10 +1203,10 @@ static void run_bookkeeping_part(struct bookkeeping_result *results, size_t *res
                 break;
             if (field_number(line, "shim", &result->shim[r]) &&
                 field_number(line, "raw", &result->raw[r]) &&
+                field_number(line, "bare", &result->bare[r]) &&
                 field_number(line, "runtime", &result->runtime[r]) &&
-                field_number(line, "direct", &result->direct[r]) &&
                 field_number(line, "book", &result->book[r]) &&
-                field_number(line, "bookdirect", &result->book_direct[r]))
+                field_number(line, "bookcounters", &result->book_counters[r]))
                 result->rounds++;
         }
         if (result->rounds == 0) {
@@ -1314,15 +1339,17 @@ static void run_programs_part(struct program_result *results, size_t *result_cou
 /* How (b) is measured, for the table and the JSON. */
 static const char bookkeeping_method[] =
     "  method: one process under the shim holds N one-page registrations (fake runtime,\n"
-    "  FAKE_CUDART_CHECK=0, PINSHIM_MIN_BYTES=4K). In blocks of 50, munlock+mlock pairs run\n"
-    "  through the shim (one unregister + one register each) and, interleaved, the same pairs\n"
-    "  as raw syscalls that the shim does not see. Per block: bookkeeping = shim pair - raw\n"
-    "  pair - runtime, where runtime is the time the shim's own counters (register/unregister\n"
-    "  nanoseconds, which include about one clock_gettime per call) spent in the fake runtime;\n"
-    "  'direct' subtracts instead the fake's unregister+register timed directly. random: pages\n"
-    "  drawn at random among the N (tables out of cache at large N); sequential: the N in\n"
-    "  address order; hot: one page over and over (data in cache). Per pair: median over a round's "
-    "blocks; median, min over rounds";
+    "  FAKE_CUDART_CHECK=0, PINSHIM_MIN_BYTES=4K). In blocks of 50, three loops take turns:\n"
+    "  munlock+mlock pairs through the shim (one unregister + one register each); bare pairs,\n"
+    "  the same work without the shim (the fake's cudaHostUnregister, the munlock and mlock\n"
+    "  system calls, the fake's cudaHostRegister, which the shim does not see); and raw pairs\n"
+    "  (the system calls alone). Each loop has pages of its own. Per block: bookkeeping =\n"
+    "  shim pair - bare pair, the shim's own work with the runtime's and the kernel's left\n"
+    "  out at the same cache state; 'counters' is the earlier estimate, shim pair - raw pair -\n"
+    "  the runtime time the shim's counters measured. random: pages drawn at random among the\n"
+    "  N (tables out of cache at large N); sequential: the N in address order; hot: one page\n"
+    "  over and over (data in cache). Per pair: median over a round's blocks; median, min\n"
+    "  over rounds";
 
 /* How (p) is measured, for the table and the JSON. */
 static const char paired_method[] =
@@ -1432,10 +1459,10 @@ static void print_tables(const struct alloc_result *alloc, size_t alloc_count,
         printf("\n(b) bookkeeping per mlock+munlock pair of a registered page: %zu pairs in "
                "blocks of %d, %d rounds\n",
                options.pairs, BLOCK_PAIRS, options.pair_rounds);
-        printf("%-10s %9s %9s %9s %9s %9s %10s %10s %10s %8s\n", "pages", "live", "pair",
-               "syscalls", "runtime", "direct", "bookkeep", "bookkeep", "bookkeep", "per op");
-        printf("%-10s %9s %9s %9s %9s %9s %10s %10s %10s %8s\n", "", "ranges", "shim ns", "ns",
-               "ns", "ns", "median ns", "min ns", "direct ns", "ns");
+        printf("%-10s %9s %9s %9s %9s %9s %10s %10s %10s %8s\n", "pages", "live", "pair", "pair",
+               "syscalls", "runtime", "bookkeep", "bookkeep", "bookkeep", "per op");
+        printf("%-10s %9s %9s %9s %9s %9s %10s %10s %10s %8s\n", "", "ranges", "shim ns", "bare ns",
+               "ns", "ns", "median ns", "min ns", "counters", "ns");
         for (size_t i = 0; i < book_count; i++) {
             const struct bookkeeping_result *r = &book[i];
             if (r->skipped) {
@@ -1445,10 +1472,9 @@ static void print_tables(const struct alloc_result *alloc, size_t alloc_count,
             size_t n = (size_t)r->rounds;
             double per_operation = bench_median(r->book, n) / 2;
             printf("%-10s %9zu %9.0f %9.0f %9.0f %9.0f %10.0f %10.0f %10.0f %8.0f\n", r->pattern,
-                   r->live, bench_median(r->shim, n), bench_median(r->raw, n),
-                   bench_median(r->runtime, n), bench_median(r->direct, n),
-                   bench_median(r->book, n), bench_minimum(r->book, n),
-                   bench_median(r->book_direct, n), per_operation);
+                   r->live, bench_median(r->shim, n), bench_median(r->bare, n),
+                   bench_median(r->raw, n), bench_median(r->runtime, n), bench_median(r->book, n),
+                   bench_minimum(r->book, n), bench_median(r->book_counters, n), per_operation);
             if (per_operation > worst_per_operation)
                 worst_per_operation = per_operation;
         }
@@ -1636,11 +1662,11 @@ static bool write_json(const char *path, const struct alloc_result *alloc, size_
         bench_json_string(out, r->skipped ? r->reason : NULL);
         if (!r->skipped) {
             size_t n = (size_t)r->rounds;
-            static const char *const names[] = {"pair_shim_ns",    "pair_raw_syscalls_ns",
-                                                "pair_runtime_ns", "pair_direct_runtime_ns",
-                                                "bookkeeping_ns",  "bookkeeping_direct_ns"};
-            const double *series[] = {r->shim,   r->raw,  r->runtime,
-                                      r->direct, r->book, r->book_direct};
+            static const char *const names[] = {"pair_shim_ns",         "pair_bare_ns",
+                                                "pair_raw_syscalls_ns", "pair_runtime_ns",
+                                                "bookkeeping_ns",       "bookkeeping_counters_ns"};
+            const double *series[] = {r->shim,    r->bare, r->raw,
+                                      r->runtime, r->book, r->book_counters};
             for (size_t k = 0; k < 6; k++) {
                 fprintf(out, ",\n   \"%s\": ", names[k]);
                 json_array(out, series[k], r->rounds, 1.0);
