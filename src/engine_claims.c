@@ -58,7 +58,8 @@ bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const ui
             if (extend)
                 extend_to_records_locked(engine, &wanted_start[i], &wanted_end[i]);
         }
-        int free_slot = ~engine->claims_taken == 0 ? -1 : __builtin_ctzll(~engine->claims_taken);
+        uint64_t taken = engine->claims_taken;
+        int free_slot = taken == UINT64_MAX ? -1 : __builtin_ctzll(~taken);
         if (free_slot >= 0 &&
             !claims_conflict_locked(engine, wanted_start, wanted_end, count, -1)) {
             struct engine_claim *claim = &engine->claims[free_slot];

@@ -755,6 +755,47 @@ Test(engine, lock_and_unlock_sharing_a_page_are_serialised, .timeout = 30)
     expect_ranges(expected, 1);
 }
 
+static int claims_taken_now(void)
+{
+    pthread_mutex_lock(&engine.mutex);
+    int taken = __builtin_popcountll(engine.claims_taken);
+    pthread_mutex_unlock(&engine.mutex);
+    return taken;
+}
+
+/* With every claim slot taken (64 operations held inside their real calls),
+ * one more operation, on pages nobody claims, waits for a slot and runs
+ * when one is given back; the slots are free again at the end. */
+Test(engine, an_operation_waits_while_every_claim_slot_is_taken, .timeout = 60)
+{
+    static struct lock_job lockers[ENGINE_CLAIMS];
+    pthread_t threads[ENGINE_CLAIMS];
+    struct scripted held = gated_call();
+    for (int i = 0; i < ENGINE_CLAIMS; i++) {
+        lockers[i] = (struct lock_job){A((uintptr_t)i * 32 * PAGE), 16 * PAGE, held};
+        pthread_create(&threads[i], NULL, lock_job_main, &lockers[i]);
+    }
+    while (claims_taken_now() < ENGINE_CLAIMS)
+        usleep(1000);
+    struct unlock_job extra = {A(ENGINE_CLAIMS * 32 * PAGE), A(ENGINE_CLAIMS * 32 * PAGE + PAGE),
+                               false};
+    pthread_t extra_thread;
+    pthread_create(&extra_thread, NULL, unlock_job_main, &extra);
+    usleep(20000);
+    cr_assert_not(__atomic_load_n(&extra.done, __ATOMIC_ACQUIRE),
+                  "an operation ran with every claim slot taken");
+    cr_assert_eq(claims_taken_now(), ENGINE_CLAIMS);
+    open_gate();
+    for (int i = 0; i < ENGINE_CLAIMS; i++)
+        pthread_join(threads[i], NULL);
+    pthread_join(extra_thread, NULL);
+    cr_assert(__atomic_load_n(&extra.done, __ATOMIC_ACQUIRE));
+    cr_assert_eq(claims_taken_now(), 0, "every slot is given back");
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.live_ranges, ENGINE_CLAIMS, "every held lock registered its range");
+}
+
 struct overlap_watch {
     uintptr_t start, end;
     unsigned legit_after; /* unregistrations after which the range may go */
