@@ -60,13 +60,15 @@ static uint64_t last_change_ns(int fd, const struct live_record_header *header)
 }
 
 /* Whether the record open as fd may go, judged by ours (the new record's
- * header, made now: its creation time is the time now). */
-static bool record_is_stale(int fd, const struct live_record_header *ours, uint64_t keep_ns)
+ * header, made now: its creation time is the time now); only a file that
+ * owner owns. *info gets the file's status, for the caller's check that the
+ * name still leads to it. */
+static bool record_is_stale(int fd, const struct live_record_header *ours, uint64_t keep_ns,
+                            uid_t owner, struct stat *info)
 {
     uint64_t now_ns = ours->created_ns;
     struct live_record_header header;
-    struct stat info;
-    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_uid != geteuid() ||
+    if (fstat(fd, info) != 0 || !S_ISREG(info->st_mode) || info->st_uid != owner ||
         pread(fd, &header, sizeof(header), 0) != (ssize_t)sizeof(header) ||
         memcmp(header.magic, LIVE_RECORD_MAGIC, sizeof(header.magic)) != 0 ||
         header.version != LIVE_RECORD_VERSION || header.byte_order != LIVE_RECORD_BYTE_ORDER)
@@ -97,6 +99,7 @@ void live_record_prune(int directory_fd, const struct live_record_header *ours,
     int listing = openat(directory_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (listing < 0)
         return;
+    uid_t owner = geteuid();
     size_t seen = 0;
     _Alignas(8) char buffer[4096];
     for (;;) {
@@ -121,7 +124,7 @@ void live_record_prune(int directory_fd, const struct live_record_header *ours,
                 continue;
             struct stat opened, named;
             /* Still the file that was judged (not one made since at its name). */
-            if (record_is_stale(fd, ours, prune->keep_with_stats_ns) && fstat(fd, &opened) == 0 &&
+            if (record_is_stale(fd, ours, prune->keep_with_stats_ns, owner, &opened) &&
                 fstatat(directory_fd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
                 opened.st_dev == named.st_dev && opened.st_ino == named.st_ino &&
                 unlinkat(directory_fd, name, 0) == 0)
