@@ -208,6 +208,17 @@ def print_table(rows, shim_stats, warmup, iters):
     print("  pinned: tensor.is_pinned(); reg: pinshim_is_registered (- = shim absent)")
     print("  GB/s from the median (and best) of %d timed copies after %d warm-up copies"
           % (iters, warmup))
+    # The seed's question: does the shim's arm copy at pin_memory()'s speed?
+    by_arm = {(row["arm"], row["bytes"]): row for row in rows if row.get("ok")}
+    ratios = []
+    for (arm, nbytes), row in sorted(by_arm.items(), key=lambda item: item[0][1]):
+        pinned = by_arm.get(("pin_memory", nbytes))
+        if arm == "shim" and pinned:
+            ratios.append("%d MiB H2D %.2f D2H %.2f" % (
+                nbytes >> 20, row["h2d_gbps"] / pinned["h2d_gbps"],
+                row["d2h_gbps"] / pinned["d2h_gbps"]))
+    if ratios:
+        print("  shim / pin_memory (median GB/s, this run): " + "; ".join(ratios))
     if shim_stats:
         print("  shim (PINSHIM_STATS): %d registrations took %.3f s in cudaHostRegister"
               % (shim_stats["register"]["ok"], shim_stats["register"]["seconds"]))

@@ -134,3 +134,13 @@ bool block_extent_round_to_pages(size_t page_size, size_t threshold, size_t *ali
     *size = rounded;
     return true;
 }
+
+int block_extent_chosen_source = BLOCK_EXTENT_NOT_CHOSEN;
+int block_extent_choice_state;
+
+void block_extent_after_fork_child(void)
+{
+    int choosing = 1;
+    __atomic_compare_exchange_n(&block_extent_choice_state, &choosing, 0, false, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+}

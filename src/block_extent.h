@@ -58,6 +58,16 @@ enum block_extent_source block_extent_choose(const struct block_extent_allocator
 
 const char *block_extent_source_name(enum block_extent_source source);
 
+/* The process's choice, made once by the interposition layer at the first
+ * lock that may register and read on free's hot path: the source
+ * (enum block_extent_source) and the state of the choice (0 not made, 1
+ * being made, 2 made). */
+extern int block_extent_chosen_source __attribute__((visibility("hidden")));
+extern int block_extent_choice_state __attribute__((visibility("hidden")));
+
+/* In a fork child: a choice the parent's thread was making starts again. */
+void block_extent_after_fork_child(void);
+
 /* posix_memalign's rounding of a buffer that may be locked (size at least
  * threshold): the size up to whole pages of page_size bytes and the alignment
  * up to a page, so that a lock of the buffer shares no page with a neighbour.

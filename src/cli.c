@@ -1,7 +1,11 @@
 /* The pinshim command: runs a program with libpinshim.so preloaded.
  *   pinshim [options] [--] COMMAND [ARGS...]
  *   pinshim report [--all] [--json] [--prune] [--no-runtime-records] FILES...
+ *   pinshim report [--prometheus] [--prometheus-file PATH] [--prune]
+ *                  [--no-runtime-records] FILES...
  *   pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]
+ *   pinshim top [--once] [--prometheus] [--prometheus-file PATH]
+ *               [--interval SECONDS] [DIR...]
  * Options map one-to-one to the PINSHIM_* variables and are checked by the same
  * parser as the environment (options.c). */
 #include "options.h"
@@ -31,15 +35,20 @@
 static const char usage_line[] =
     "usage: pinshim [OPTION...] [--print-env] [--] COMMAND [ARGS...]\n"
     "       pinshim report [--all] [--json] [--prune] [--no-runtime-records] FILES...\n"
+    "       pinshim report [--prometheus] [--prometheus-file PATH] [--prune] "
+    "[--no-runtime-records] FILES...\n"
     "       pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]\n"
+    "       pinshim top [--once] [--prometheus] [--prometheus-file PATH] [--interval SECONDS] "
+    "[DIR...]\n"
     "       pinshim --help | --version\n";
 
 static void print_help(void)
 {
     fputs(usage_line, stdout);
     fputs("\nRuns COMMAND with libpinshim.so preloaded, so the memory it locks with mlock,\n"
-          "mlock2 or MAP_LOCKED is registered with CUDA and DMA-pinned: by default in the\n"
-          "CUDA context the program uses (cuMemHostRegister), once it has one.\n"
+          "mlock2 or MAP_LOCKED is registered with its GPU runtime and DMA-pinned: by\n"
+          "default through the runtime the program started (CUDA, HIP or Level Zero), in\n"
+          "the context it uses, once it has one.\n"
           "Each OPTION sets the environment variable named below; the rest of the\n"
           "environment is kept, and LD_PRELOAD gets libpinshim.so in front.\n\nOptions:\n",
           stdout);
@@ -50,10 +59,12 @@ static void print_help(void)
           "Subcommands (a COMMAND named report or top runs after --):\n"
           "  report [--all] [--json] [--prune] [--no-runtime-records] FILES\n"
           "                         merge per-process JSON stats (PINSHIM_STATS=dir/%h.%p.json)\n"
-          "                         and live records, also of killed processes\n"
+          "                         and live records, also of killed processes; with\n"
+          "                         --prometheus(-file) in Prometheus' text format\n"
           "  top [--once] [--bytes] [--interval SECONDS] [DIR...]\n"
           "                         the processes running with the shim now, from their live\n"
-          "                         records, refreshed every second\n",
+          "                         records (of a job's stats DIR), refreshed every second;\n"
+          "                         --prometheus(-file) as report\n",
           stdout);
 }
 

@@ -18,6 +18,8 @@ bool engine_init(struct engine *engine, const struct engine_backend *backend,
     pthread_condattr_destroy(&attributes);
     engine->backend = backend;
     engine->statistics = &engine->own_statistics;
+    for (size_t i = 0; i < ENGINE_MAX_DEVICES; i++)
+        engine->own_statistics.device_nodes[i] = -1;
     engine->gate = &engine->free_view.gate;
     engine->options = *options;
     if (engine->options.page_size < PAGE_INDEX_GRANULE)
@@ -120,10 +122,12 @@ static void record_exit_counts_locked(struct engine *engine)
 
 void engine_shutdown(struct engine *engine)
 {
-    if (!engine->registry_ok)
+    /* Once: the exit handler that runs before the runtimes end, then the
+     * destructor, may both ask. */
+    if (!engine->registry_ok || __atomic_load_n(&engine->shut_down, __ATOMIC_RELAXED))
         return;
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, "exit");
     __atomic_store_n(&engine->shut_down, true, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&engine->changed);
     /* Waits for the operations in flight, the registration thread's

@@ -19,6 +19,7 @@
 #define PINSHIM_ENGINE_H
 
 #include "internal_alloc.h"
+#include "numa_placement.h"
 #include "range_registry.h"
 
 #include "pinshim.h"
@@ -28,26 +29,39 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* cudaError_t / CUresult values the engine interprets (same numbers in both APIs). */
-enum {
-    ENGINE_CUDA_SUCCESS = 0,
-    ENGINE_CUDA_DEINITIALIZED = 4, /* cudaErrorCudartUnloading / CUDA_ERROR_DEINITIALIZED */
-    ENGINE_CUDA_ALREADY_REGISTERED = 712,
-    ENGINE_CUDA_NOT_REGISTERED = 713,
-    /* Not a CUDA code: the place chosen for a registration has no live context
-     * any more; the range waits for one (deferred). */
-    ENGINE_CUDA_NO_CONTEXT = -1,
+/* What a backend's register or unregister call came to, in the engine's own
+ * words: each vendor's backend translates its codes into these and keeps
+ * the code itself for messages and counts. */
+enum engine_outcome {
+    ENGINE_OK = 0,
+    ENGINE_ALREADY_REGISTERED, /* the memory is registered already: the program's */
+    ENGINE_NOT_REGISTERED,     /* nothing registered there now: gone with its context,
+                                  or undone by the program where the shim cannot see */
+    ENGINE_NO_CONTEXT,         /* the place chosen has no live context now: wait for one */
+    ENGINE_UNLOADING,          /* the runtime is being torn down (at exit) */
+    ENGINE_FAILED,             /* any other refusal: the range stays locked only */
 };
 
-/* cuMemHostRegister flags (cuda.h CU_MEMHOSTREGISTER_*; the runtime's
- * cudaHostRegister* have the same values). */
+struct engine_result {
+    enum engine_outcome outcome;
+    int code; /* the vendor's own code (0 with ENGINE_OK, or none: ENGINE_NO_CONTEXT) */
+};
+
+static inline struct engine_result engine_result_of(enum engine_outcome outcome, int code)
+{
+    return (struct engine_result){outcome, code};
+}
+
+/* Registration flags, the engine's: each backend turns them into its
+ * vendor's (CUDA's CU_MEMHOSTREGISTER_* and HIP's hipHostRegister* have
+ * these values; Level Zero's import takes none). */
 #define ENGINE_REGISTER_PORTABLE 0x01u
 #define ENGINE_REGISTER_DEVICEMAP 0x02u
 #define ENGINE_REGISTER_IOMEMORY 0x04u
 #define ENGINE_REGISTER_READ_ONLY 0x08u
 
-/* cudaHostRegisterDefault (0) means "mapped and portable" on every 64-bit
- * (UVA) system: two flag sets that normalise alike mean the same thing. */
+/* The default (0) means "mapped and portable" for CUDA on every 64-bit (UVA)
+ * system and for HIP: two flag sets that normalise alike mean the same thing. */
 static inline unsigned engine_normalized_flags(unsigned flags)
 {
     return flags != 0 ? flags : ENGINE_REGISTER_PORTABLE | ENGINE_REGISTER_DEVICEMAP;
@@ -83,17 +97,19 @@ struct engine_backend {
                                        const struct range_place *hint, struct range_place *place);
     /* Registers with place->register_flags; may fill in place->device when
      * the backend chose it (the runtime's). */
-    int (*register_range)(void *context, struct range_place *place, void *base, size_t length);
-    int (*unregister_range)(void *context, const struct range_place *place, void *base);
+    struct engine_result (*register_range)(void *context, struct range_place *place, void *base,
+                                           size_t length);
+    struct engine_result (*unregister_range)(void *context, const struct range_place *place,
+                                             void *base);
     /* Optional: the context current on the calling thread, as a place (its
      * device, and the context unless it is that device's primary one); false
      * when the thread has none or it cannot be told. A program's
      * cudaHostRegister on this thread registers there. */
     bool (*thread_place)(void *context, struct range_place *place);
-    /* Name of an error code, for messages; may return NULL. */
-    const char *(*error_name)(void *context, int error);
-    /* Optional: the CUDA call register_range (or unregister_range) makes, for
-     * messages ("cudaHostRegister", "cuMemHostRegister"). */
+    /* Name of a vendor's code, for messages; may return NULL. */
+    const char *(*error_name)(void *context, int code);
+    /* Optional: the call register_range (or unregister_range) makes, for
+     * messages ("cuMemHostRegister", "hipHostRegister", ...). */
     const char *(*call_name)(void *context, bool unregister);
     /* Optional: calls found for each part of [start, end) the kernel holds
      * locked now (after MREMAP_DONTUNMAP, whose effect on locks depends on
@@ -128,6 +144,12 @@ struct engine_backend {
     /* Optional: a registration succeeded or is about to be undone (madvise
      * MADV_DONTFORK / MADV_DOFORK when asked for). */
     void (*registered)(void *context, uintptr_t start, uintptr_t end, bool added);
+    /* Optional (with options.numa): adds the bytes of the registered
+     * [start, end) to out by the NUMA node its pages are on. */
+    bool (*page_nodes)(void *context, uintptr_t start, uintptr_t end, struct numa_placement *out);
+    /* Optional: the NUMA node nearest place's device; -1 when unknown, or
+     * when the registration serves every device (no one device to be near). */
+    int (*device_node)(void *context, const struct range_place *place);
 };
 
 enum release_reason {
@@ -159,6 +181,7 @@ struct engine_options {
     unsigned register_flags;
     enum engine_onfault onfault;
     bool asynchronous; /* lock calls return before registration */
+    bool numa;         /* locate registered pages on NUMA nodes (backend page_nodes) */
 };
 
 /* The real call of an entry point, run by the engine inside its protocol.
@@ -166,6 +189,7 @@ struct engine_options {
 struct engine_call {
     long (*run)(void *arguments);
     void *arguments;
+    const char *name; /* "mlock", "free", ...: said in NVTX ranges (trace.h) */
 };
 
 /* What a failed unlock-type call left locked, to register again. */
@@ -290,10 +314,10 @@ struct engine_statistics {
     struct pinshim_counters counters; /* guarded by mutex; pending/queued mirror the engine's */
     /* Bumped with relaxed atomics outside the lock, merged by engine_get_counters. */
     uint64_t skipped_small, lock_calls, unlock_calls, mlockall_calls;
-    uint64_t skipped_disabled;      /* locks not registered: registration off in this process */
-    uint64_t skipped_cuda_library;  /* locks made by the CUDA driver or a runtime itself */
-    uint64_t skipped_address;       /* locks above the indexed address space */
-    uint64_t skipped_onfault_pages; /* MLOCK_ONFAULT pages not resident, not registered */
+    uint64_t skipped_disabled;        /* locks not registered: registration off in this process */
+    uint64_t skipped_runtime_library; /* locks made by the CUDA driver or a runtime itself */
+    uint64_t skipped_address;         /* locks above the indexed address space */
+    uint64_t skipped_onfault_pages;   /* MLOCK_ONFAULT pages not resident, not registered */
     /* Registrations split by mapping: pieces registered READ_ONLY, pieces
      * left unregistered by kind (and read-only pieces on a device that takes
      * no READ_ONLY), ranges registered piece by piece. */
@@ -316,6 +340,20 @@ struct engine_statistics {
     uint64_t last_change_ns;         /* CLOCK_REALTIME(_COARSE) of the last change of state */
     struct engine_device_counts devices[ENGINE_MAX_DEVICES];
     struct engine_error_count errors[ENGINE_ERROR_SLOTS];
+    /* The vendor (PINSHIM_VENDOR's name) and the call registrations go
+     * through, once one is chosen; written once, by the process's runtime
+     * module, for the live record's readers. */
+    char vendor[16];
+    char register_call[40];
+    /* NUMA placement (options.numa): bytes registered by the node their
+     * pages were on, and the part on their device's node; bytes on another
+     * node than their device's, and bytes whose node was not learned; each
+     * device's node (-1: unknown; set at engine_init). Under the mutex. */
+    struct engine_numa_counts {
+        uint64_t bytes, local_bytes;
+    } numa_nodes[NUMA_PLACEMENT_MAX_NODES];
+    uint64_t numa_remote_bytes, numa_unknown_bytes;
+    int32_t device_nodes[ENGINE_MAX_DEVICES];
 };
 
 struct engine {
@@ -338,8 +376,9 @@ struct engine {
     bool window_placed;  /* the window's place chosen (at the first record) */
     bool registry_ok;
     bool shut_down;
-    bool worker_active; /* a registration thread runs (or is being started) */
-    bool worker_busy;   /* it is registering a range now */
+    bool worker_active;      /* a registration thread runs (or is being started) */
+    bool worker_busy;        /* it is registering a range now */
+    bool warned_remote_numa; /* remote memory is warned about once per process */
     struct engine_claim claims[ENGINE_CLAIMS];
     /* Bit i set: claims[i] is taken. An operation finds a free slot and
      * checks the taken ones for conflicts without reading the free ones (a
@@ -490,8 +529,9 @@ long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
                           enum release_reason reason, bool can_fail,
                           const struct engine_call *call);
 
-/* The program's own cudaHostRegister / cudaHostUnregister (call: the real
- * one; flags: the program's). When the shim holds exactly that range
+/* The program's own registrations and unregistrations (cudaHostRegister,
+ * hipHostRegister, a Level Zero import; call: the real one; flags: the
+ * program's, in the engine's words). When the shim holds exactly that range
  * registered, with flags that mean the same and in the context the
  * program's call would use, the registration becomes the program's and no
  * call is made (a hand-over). Otherwise the shim gives up every page of the
@@ -500,10 +540,18 @@ long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
  * program's until it unregisters them. Then the shim holds the locked pages
  * again: the program's registration itself, without a call, when it is one
  * the shim would have made; else registered anew. */
+/* A program's own registration call: the real one, and the value it returns
+ * when it succeeds (cudaSuccess, hipSuccess, ZE_RESULT_SUCCESS: 0 for every
+ * vendor so far), which the engine also returns when it makes no call. */
+struct engine_program_call {
+    struct engine_call call;
+    long success;
+};
+
 long engine_program_register(struct engine *engine, uintptr_t start, size_t length, unsigned flags,
-                             const struct engine_call *call);
+                             const struct engine_program_call *call);
 long engine_program_unregister(struct engine *engine, uintptr_t start,
-                               const struct engine_call *call);
+                               const struct engine_program_call *call);
 /* Whether addr lies in a registration of the shim's own (not the program's):
  * the program's cudaHostUnregister of such an address must not undo it. */
 bool engine_is_shim_registration(struct engine *engine, uintptr_t addr);
@@ -535,7 +583,8 @@ size_t engine_drain(struct engine *engine, bool look_for_context);
 void engine_worker_poke(struct engine *engine);
 
 /* At exit: waits for the operations in flight, records what is live, pending
- * and queued, unregisters what is registered and stops registering. */
+ * and queued, unregisters what is registered and stops registering. Once:
+ * later calls do nothing. */
 void engine_shutdown(struct engine *engine);
 
 /* At _exit: stops registering, waits (at most 5 s) for the operations in

@@ -4,6 +4,7 @@
  * drops it around each real call and backend call, and ends by dropping its
  * claim. */
 #include "engine_internal.h"
+#include "trace.h"
 
 #include <errno.h>
 
@@ -41,6 +42,26 @@ static void extend_to_records_locked(struct engine *engine, uintptr_t *start, ui
         *end = last->end;
 }
 
+/* The call the calling thread's operation serves ("mlock", "free"), for the
+ * NVTX ranges of the registrations it makes (initial-exec: no allocation
+ * at a thread's first access). */
+static __thread const char *thread_cause __attribute__((tls_model("initial-exec")));
+
+const char *engine_thread_cause(void)
+{
+    return thread_cause;
+}
+
+/* Ends an NVTX range begun with the mutex held, dropping it for the call. */
+static void trace_end_unlocked(struct engine *engine, bool traced)
+{
+    if (!traced)
+        return;
+    pthread_mutex_unlock(&engine->mutex);
+    trace_end(true);
+    pthread_mutex_lock(&engine->mutex);
+}
+
 /* Waits until no other operation claims any page of the ranges, then claims
  * them (widened to whole records when extend is set). Returns false, with
  * nothing claimed, at shut-down when give_up_at_shutdown is set. */
@@ -48,9 +69,13 @@ bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const ui
                          unsigned count, bool extend, bool give_up_at_shutdown)
 {
     struct engine *engine = op->engine;
+    bool traced = false;      /* an NVTX range spans the wait, once it waits */
+    bool trace_asked = false; /* asked once: no tool answers false every time */
     for (;;) {
-        if (give_up_at_shutdown && engine->shut_down)
+        if (give_up_at_shutdown && engine->shut_down) {
+            trace_end_unlocked(engine, traced);
             return false;
+        }
         uintptr_t wanted_start[2], wanted_end[2];
         for (unsigned i = 0; i < count; i++) {
             wanted_start[i] = starts[i];
@@ -70,7 +95,20 @@ bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const ui
             claim->count = count;
             engine->claims_taken |= (uint64_t)1 << free_slot;
             op->slot = free_slot;
+            trace_end_unlocked(engine, traced);
             return true;
+        }
+        if (!trace_asked && trace_enabled()) {
+            /* The range starts before the wait; the mutex is dropped for it
+             * (a tool may call back into the shim), so look again first. */
+            uint64_t bytes = 0;
+            for (unsigned i = 0; i < count; i++)
+                bytes += ends[i] - starts[i];
+            trace_asked = true;
+            pthread_mutex_unlock(&engine->mutex);
+            traced = trace_begin("wait for another registration over", bytes, thread_cause);
+            pthread_mutex_lock(&engine->mutex);
+            continue;
         }
         pthread_cond_wait(&engine->changed, &engine->mutex);
     }
@@ -115,8 +153,9 @@ void engine_drop_claim_locked(struct engine_op *op)
 /* Cancellation is off for the whole operation: the engine waits on condition
  * variables (cancellation points that free and munlock must not have), and a
  * thread cancelled there would die holding the mutex or a claim. */
-void engine_op_begin(struct engine_op *op, struct engine *engine)
+void engine_op_begin(struct engine_op *op, struct engine *engine, const char *cause)
 {
+    thread_cause = cause;
     op->engine = engine;
     op->slot = -1;
     op->start_worker = false;
@@ -135,6 +174,7 @@ void engine_op_end(struct engine_op *op)
         engine->backend->wake_worker(engine->backend->context);
     int ignored;
     pthread_setcancelstate(op->cancel_state, &ignored);
+    thread_cause = NULL;
 }
 
 /* Runs the real call with the mutex dropped and the program's errno in place;

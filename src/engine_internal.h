@@ -171,7 +171,10 @@ void engine_drop_claim_locked(struct engine_op *op);
 /* An operation: begin takes the mutex (cancellation off), run drops it around
  * the real call, end drops the claim and the mutex and starts the
  * registration thread when the op asked for it. */
-void engine_op_begin(struct engine_op *op, struct engine *engine);
+void engine_op_begin(struct engine_op *op, struct engine *engine, const char *cause);
+/* The cause engine_op_begin recorded for the calling thread (NULL outside
+ * an operation). */
+const char *engine_thread_cause(void);
 void engine_op_end(struct engine_op *op);
 long engine_op_run(struct engine_op *op, const struct engine_call *call, int *call_errno);
 /* Work for the registration thread was added. */

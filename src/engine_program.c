@@ -1,5 +1,6 @@
-/* The program's own registrations: cudaHostRegister and cudaHostUnregister
- * that the program (or its framework) calls itself. The pages become the
+/* The program's own registrations: cudaHostRegister, hipHostRegister, a
+ * Level Zero import, and their undoing, that the program (or its framework)
+ * calls itself. The pages become the
  * program's while it holds them registered, and the shim's again after. */
 #include "engine_internal.h"
 
@@ -27,14 +28,17 @@ void engine_mark_program_locked_locked(struct engine *engine, uintptr_t start, u
 }
 
 /* Whether the two places are the same context: the same device and, when
- * it is not that device's primary context, the same context handle. */
+ * it is not that device's primary context, the same context handle; or both
+ * registrations hold in every context. */
 static bool same_context(const struct range_place *a, const struct range_place *b)
 {
+    if ((a->flags & RANGE_PLACE_ANY_CONTEXT) && (b->flags & RANGE_PLACE_ANY_CONTEXT))
+        return a->context == b->context; /* the same driver (Level Zero), or none (HIP) */
     return a->device >= 0 && a->device == b->device && a->context == b->context;
 }
 
-/* The context a CUDA call made now on this thread goes to, when the backend
- * can tell. Called without the mutex (the driver may call back into the
+/* The context a registration call made now on this thread goes to, when the
+ * backend can tell. Called without the mutex (the driver may call back into the
  * shim). */
 static bool calling_thread_place(struct engine *engine, struct range_place *place)
 {
@@ -79,8 +83,9 @@ static bool hand_over_locked(struct engine *engine, uintptr_t start, size_t leng
 }
 
 long engine_program_register(struct engine *engine, uintptr_t start, size_t length, unsigned flags,
-                             const struct engine_call *call)
+                             const struct engine_program_call *program_call)
 {
+    const struct engine_call *call = &program_call->call;
     uintptr_t pages_start, pages_end;
     if (!engine_active(engine) || length == 0 ||
         !engine_byte_range_pages(engine, start, length, &pages_start, &pages_end))
@@ -88,13 +93,13 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
     struct range_place caller;
     bool caller_known = calling_thread_place(engine, &caller);
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, call->name);
     engine_claim_locked(&op, &pages_start, &pages_end, 1, true, false);
     if (hand_over_locked(engine, start, length, pages_start, pages_end, flags, &caller,
                          caller_known)) {
         engine_op_end(&op);
         errno = op.program_errno;
-        return ENGINE_CUDA_SUCCESS;
+        return program_call->success;
     }
     /* Every page the program's range touches becomes the program's: the
      * shim's registrations there go (the parts outside are registered again),
@@ -105,7 +110,7 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
     engine_release_locked(&op, &request);
     int call_errno;
     long result = engine_op_run(&op, call, &call_errno);
-    if (result == ENGINE_CUDA_SUCCESS) {
+    if (result == program_call->success) {
         engine_stats(engine)->program_registrations++;
         /* Where the call registered: the context it made current, if it had
          * to (the runtime's primary context), else the one that was. */
@@ -179,7 +184,7 @@ static bool keep_locked(struct engine *engine, uintptr_t start)
     struct range_record *record = range_registry_find(&engine->registry, start);
     if (record == NULL || record->state != RANGE_PROGRAM || !record->program_locked ||
         record->lock_start != start || record->end != engine_page_ceil(engine, record->lock_end) ||
-        record->place.device < 0 ||
+        (record->place.device < 0 && !(record->place.flags & RANGE_PLACE_ANY_CONTEXT)) ||
         record->place.register_flags != engine_normalized_flags(engine->options.register_flags) ||
         record->end - record->base > engine->options.max_registration_bytes || engine->shut_down)
         return false;
@@ -214,14 +219,15 @@ static bool keep_locked(struct engine *engine, uintptr_t start)
 }
 
 long engine_program_unregister(struct engine *engine, uintptr_t start,
-                               const struct engine_call *call)
+                               const struct engine_program_call *program_call)
 {
+    const struct engine_call *call = &program_call->call;
     uintptr_t page = engine_page_floor(engine, start);
     if (!engine_active(engine) || page >= PAGE_INDEX_LIMIT ||
         !engine_may_overlap(engine, page, page + engine->options.page_size))
         return engine_run_plain(call);
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, call->name);
     uintptr_t claim_start = page, claim_end = page + engine->options.page_size;
     engine_claim_locked(&op, &claim_start, &claim_end, 1, true, false);
     struct range_record *record = range_registry_containing(&engine->registry, start);
@@ -245,11 +251,11 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
     if (program.base != 0 && keep_locked(engine, start)) {
         engine_op_end(&op);
         errno = op.program_errno;
-        return ENGINE_CUDA_SUCCESS;
+        return program_call->success;
     }
     int call_errno;
     long result = engine_op_run(&op, call, &call_errno);
-    if (result == ENGINE_CUDA_SUCCESS && program.base != 0) {
+    if (result == program_call->success && program.base != 0) {
         engine_stats(engine)->program_unregistrations++;
         /* The records of this registration go; the parts the program still
          * holds locked are the shim's again (queued when registration is

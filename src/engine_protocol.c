@@ -3,10 +3,12 @@
  * claims its pages, releases what must go before the real call, runs it,
  * registers or restores what the outcome asks for, and ends. */
 #include "engine_internal.h"
+#include "trace.h"
 
 #include "log.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -22,7 +24,7 @@ static const char *error_name(struct engine *engine, int error)
     const char *name = NULL;
     if (engine->backend->error_name != NULL)
         name = engine->backend->error_name(engine->backend->context, error);
-    return name != NULL ? name : "unknown CUDA error";
+    return name != NULL ? name : "unknown error";
 }
 
 static const char *call_name(struct engine *engine, bool unregister)
@@ -70,11 +72,68 @@ static void count_device_locked(struct engine *engine, const struct range_place 
     }
 }
 
+/* Where the pages of a registration lie (options.numa), and the node of its
+ * device; called without the mutex (a system call or two). */
+static bool locate_pages(struct engine *engine, const struct range_place *place, uintptr_t base,
+                         size_t length, struct numa_placement *placement, int *device_node)
+{
+    const struct engine_backend *backend = engine->backend;
+    if (!engine->options.numa || backend->page_nodes == NULL)
+        return false;
+    memset(placement, 0, sizeof(*placement));
+    backend->page_nodes(backend->context, base, base + length, placement);
+    *device_node =
+        backend->device_node != NULL ? backend->device_node(backend->context, place) : -1;
+    return true;
+}
+
+/* Counts a registration's bytes by node, local or remote to its device's
+ * node, and warns once per process about remote memory. */
+static void count_numa_locked(struct engine *engine, const struct range_place *place,
+                              const struct numa_placement *placement, int device_node,
+                              size_t length)
+{
+    struct engine_statistics *statistics = engine_stats(engine);
+    if (place->device >= 0 && place->device < ENGINE_MAX_DEVICES)
+        statistics->device_nodes[place->device] = device_node;
+    statistics->numa_unknown_bytes += placement->unknown_bytes;
+    uint64_t remote = 0;
+    int remote_node = -1;
+    for (int node = 0; node < NUMA_PLACEMENT_MAX_NODES; node++) {
+        uint64_t bytes = placement->bytes[node];
+        if (bytes == 0)
+            continue;
+        statistics->numa_nodes[node].bytes += bytes;
+        if (device_node < 0)
+            continue;
+        if (node == device_node) {
+            statistics->numa_nodes[node].local_bytes += bytes;
+        } else {
+            remote += bytes;
+            if (remote_node < 0 || bytes > placement->bytes[remote_node])
+                remote_node = node;
+        }
+    }
+    statistics->numa_remote_bytes += remote;
+    if (remote == 0 || engine->warned_remote_numa)
+        return;
+    engine->warned_remote_numa = true;
+    char size[32], of[32];
+    log_format_bytes(remote, size, sizeof(size));
+    log_format_bytes(length, of, sizeof(of));
+    log_warn("%s of %s registered for device %d lies on NUMA node %d, but the device is nearest "
+             "node %d: every copy of it crosses between the nodes; run the process on the "
+             "device's node (numactl --cpunodebind=%d --membind=%d, or the launcher's binding "
+             "options) (warned once)",
+             size, of, (int)place->device, remote_node, device_node, device_node, device_node);
+}
+
 /* The record at base is REGISTERING: makes the backend call with the mutex
  * dropped (the caller's claim covers the record) and records a success, or
  * the wait for a context. Returns the backend's answer; a failure is left
  * for the caller (record_failure_locked). */
-static int try_register_locked(struct engine *engine, uintptr_t base, bool on_worker)
+static struct engine_result try_register_locked(struct engine *engine, uintptr_t base,
+                                                bool on_worker)
 {
     struct range_record *record = range_registry_find(&engine->registry, base);
     struct range_place place = record->place;
@@ -83,12 +142,19 @@ static int try_register_locked(struct engine *engine, uintptr_t base, bool on_wo
     size_t length = record->end - record->base;
 
     pthread_mutex_unlock(&engine->mutex);
+    bool traced =
+        trace_begin("register", length, on_worker ? "pinshim thread" : engine_thread_cause());
     uint64_t began = now_nanoseconds();
-    int error =
+    struct engine_result result =
         engine->backend->register_range(engine->backend->context, &place, (void *)base, length);
-    if (error == ENGINE_CUDA_SUCCESS && engine->backend->registered != NULL)
+    if (result.outcome == ENGINE_OK && engine->backend->registered != NULL)
         engine->backend->registered(engine->backend->context, base, base + length, true);
     uint64_t took = now_nanoseconds() - began;
+    trace_end(traced);
+    struct numa_placement placement;
+    int device_node = -1;
+    bool located = result.outcome == ENGINE_OK &&
+                   locate_pages(engine, &place, base, length, &placement, &device_node);
     pthread_mutex_lock(&engine->mutex);
 
     record = range_registry_find(&engine->registry, base);
@@ -98,7 +164,7 @@ static int try_register_locked(struct engine *engine, uintptr_t base, bool on_wo
         engine_stats(engine)->background_nanoseconds += took;
     else
         engine_stats(engine)->wait_nanoseconds += took;
-    if (error == ENGINE_CUDA_SUCCESS) {
+    if (result.outcome == ENGINE_OK) {
         record->state = RANGE_REGISTERED;
         record->place = place;
         counters->register_ok++;
@@ -109,33 +175,40 @@ static int try_register_locked(struct engine *engine, uintptr_t base, bool on_wo
         if (counters->live_bytes > counters->peak_bytes)
             counters->peak_bytes = counters->live_bytes;
         count_device_locked(engine, &place, length);
-        log_info("registered %#lx + %lu bytes on device %d in %.3f ms%s", (unsigned long)base,
-                 (unsigned long)length, (int)place.device, (double)took / 1e6,
+        if (located)
+            count_numa_locked(engine, &place, &placement, device_node, length);
+        char where[32] = "for every device";
+        if (!(place.flags & RANGE_PLACE_ANY_CONTEXT) || place.device >= 0)
+            snprintf(where, sizeof(where), "on device %d", (int)place.device);
+        log_info("registered %#lx + %lu bytes %s in %.3f ms%s", (unsigned long)base,
+                 (unsigned long)length, where, (double)took / 1e6,
                  on_worker ? " (in the background)" : "");
-    } else if (error == ENGINE_CUDA_NO_CONTEXT) {
+    } else if (result.outcome == ENGINE_NO_CONTEXT) {
         /* The context it was meant for went away: wait for one. */
         engine_stats(engine)->deferred_total++;
         engine_set_state_locked(engine, record, RANGE_PENDING);
     }
     pthread_cond_broadcast(&engine->changed);
-    return error;
+    return result;
 }
 
-static bool registration_failed(int error)
+static bool registration_failed(struct engine_result result)
 {
-    return error != ENGINE_CUDA_SUCCESS && error != ENGINE_CUDA_NO_CONTEXT;
+    return result.outcome != ENGINE_OK && result.outcome != ENGINE_NO_CONTEXT;
 }
 
-/* The registration of the record at base failed with error: it goes,
- * counted (and warned about the first time). */
-static void record_failure_locked(struct engine *engine, uintptr_t base, int error)
+/* The registration of the record at base failed: it goes, counted (and
+ * warned about the first time). */
+static void record_failure_locked(struct engine *engine, uintptr_t base,
+                                  struct engine_result result)
 {
+    int error = result.code;
     struct range_record *record = range_registry_find(&engine->registry, base);
     size_t length = record->end - record->base;
     struct pinshim_counters *counters = &engine_stats(engine)->counters;
     engine_remove_record_locked(engine, base);
     bool first = note_error(engine, error, engine->warned_register);
-    if (error == ENGINE_CUDA_ALREADY_REGISTERED) {
+    if (result.outcome == ENGINE_ALREADY_REGISTERED) {
         /* The program or its framework registered it: not ours to unregister. */
         counters->register_already_registered++;
         log_info("%#lx + %lu bytes are already registered by the program; left alone",
@@ -159,18 +232,18 @@ static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, boo
  * the flags its mapping needs. */
 void engine_register_record_locked(struct engine *engine, uintptr_t base, bool on_worker)
 {
-    int error = try_register_locked(engine, base, on_worker);
-    if (registration_failed(error) && (error == ENGINE_CUDA_ALREADY_REGISTERED ||
-                                       !register_by_pieces_locked(engine, base, on_worker)))
-        record_failure_locked(engine, base, error);
+    struct engine_result result = try_register_locked(engine, base, on_worker);
+    if (registration_failed(result) && (result.outcome == ENGINE_ALREADY_REGISTERED ||
+                                        !register_by_pieces_locked(engine, base, on_worker)))
+        record_failure_locked(engine, base, result);
 }
 
 /* A piece: registered, or its failure recorded. */
 static void register_piece_locked(struct engine *engine, uintptr_t base, bool on_worker)
 {
-    int error = try_register_locked(engine, base, on_worker);
-    if (registration_failed(error))
-        record_failure_locked(engine, base, error);
+    struct engine_result result = try_register_locked(engine, base, on_worker);
+    if (registration_failed(result))
+        record_failure_locked(engine, base, result);
 }
 
 /* ---- registering piece by piece ---- */
@@ -430,11 +503,24 @@ static uint64_t *reason_counter(struct pinshim_counters *counters, enum release_
     return &counters->unregister_exit;
 }
 
+/* What led to an unregistration, for NVTX ranges: the stats' key. */
+static const char *release_reason_name(enum release_reason reason)
+{
+    static const char *const names[RELEASE_REASON_COUNT] = {
+        [RELEASE_MUNLOCK] = "munlock",   [RELEASE_FREE] = "free",
+        [RELEASE_REALLOC] = "realloc",   [RELEASE_MUNMAP] = "munmap",
+        [RELEASE_MREMAP] = "mremap",     [RELEASE_MMAP_FIXED] = "mmap_fixed",
+        [RELEASE_EXIT] = "exit",         [RELEASE_PROGRAM] = "the program's own registration",
+        [RELEASE_MPROTECT] = "mprotect",
+    };
+    return reason < RELEASE_REASON_COUNT ? names[reason] : "?";
+}
+
 /* Unregisters the REGISTERED record at base (the mutex dropped around the
  * call) and counts it; returns the backend's answer. The record stays, in
  * state UNREGISTERING, for the caller to cut. */
-static int unregister_record_locked(struct engine *engine, uintptr_t base,
-                                    enum release_reason reason, bool on_worker)
+static struct engine_result unregister_record_locked(struct engine *engine, uintptr_t base,
+                                                     enum release_reason reason, bool on_worker)
 {
     struct range_record *record = range_registry_find(&engine->registry, base);
     record->state = RANGE_UNREGISTERING;
@@ -442,11 +528,16 @@ static int unregister_record_locked(struct engine *engine, uintptr_t base,
     size_t length = record->end - record->base;
 
     pthread_mutex_unlock(&engine->mutex);
+    bool traced = trace_begin("unregister", length,
+                              on_worker ? "pinshim thread" : release_reason_name(reason));
     uint64_t began = now_nanoseconds();
     if (engine->backend->registered != NULL)
         engine->backend->registered(engine->backend->context, base, base + length, false);
-    int error = engine->backend->unregister_range(engine->backend->context, &place, (void *)base);
+    struct engine_result result =
+        engine->backend->unregister_range(engine->backend->context, &place, (void *)base);
+    int error = result.code;
     uint64_t took = now_nanoseconds() - began;
+    trace_end(traced);
     pthread_mutex_lock(&engine->mutex);
 
     struct pinshim_counters *counters = &engine_stats(engine)->counters;
@@ -459,15 +550,15 @@ static int unregister_record_locked(struct engine *engine, uintptr_t base,
     engine_note_change_locked(engine);
     counters->live_bytes -= length;
     (*reason_counter(counters, reason))++;
-    if (error == ENGINE_CUDA_SUCCESS) {
+    if (result.outcome == ENGINE_OK) {
         counters->unregister_ok++;
         log_info("unregistered %#lx + %lu bytes in %.3f ms", (unsigned long)base,
                  (unsigned long)length, (double)took / 1e6);
-    } else if (reason == RELEASE_EXIT && error == ENGINE_CUDA_DEINITIALIZED) {
+    } else if (reason == RELEASE_EXIT && result.outcome == ENGINE_UNLOADING) {
         /* The runtime tore itself down first; the kernel drops the pins. */
         engine_stats(engine)->exit_unloading++;
         note_error(engine, error, engine->warned_unregister);
-    } else if (error == ENGINE_CUDA_NOT_REGISTERED) {
+    } else if (result.outcome == ENGINE_NOT_REGISTERED) {
         /* Gone already: with its context (destroyed by the program), or
          * unregistered by the program through a path the shim cannot see. */
         engine_stats(engine)->gone_with_context++;
@@ -484,12 +575,12 @@ static int unregister_record_locked(struct engine *engine, uintptr_t base,
                      call_name(engine, true), (unsigned long)base, error_name(engine, error), error,
                      error_name(engine, error));
     }
-    return error;
+    return result;
 }
 
 /* A part of a record left outside a release, after the record's
  * registration was undone: registered again (now, or by the registration
- * thread), since CUDA cannot unregister part of a registration. */
+ * thread), since no runtime unregisters part of a registration. */
 static void reregister_part_locked(struct engine_op *op, uintptr_t base)
 {
     struct engine *engine = op->engine;
@@ -511,7 +602,7 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
     struct range_record *record = range_registry_find(&engine->registry, base);
     uint8_t state = record->state;
     if (state == RANGE_PENDING || state == RANGE_QUEUED || state == RANGE_PROGRAM) {
-        /* Nothing was registered by the shim: no CUDA call. */
+        /* Nothing was registered by the shim: no backend call. */
         struct range_record *part = engine_isolate_locked(engine, base, start, end);
         if (part == NULL) {
             log_warn("out of memory splitting a record; %#lx + %lu bytes are forgotten",
@@ -536,8 +627,8 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
         start = whole_start; /* cannot split: the whole registration goes */
         end = whole_end;
     }
-    int error = unregister_record_locked(engine, base, request->reason, false);
-    bool can_reregister = error == ENGINE_CUDA_SUCCESS || error == ENGINE_CUDA_NOT_REGISTERED;
+    struct engine_result result = unregister_record_locked(engine, base, request->reason, false);
+    bool can_reregister = result.outcome == ENGINE_OK || result.outcome == ENGINE_NOT_REGISTERED;
     if (!can_reregister || request->reason == RELEASE_EXIT) {
         /* The runtime may still hold it: registering parts again would
          * overlap. Forget the whole registration. */
@@ -736,7 +827,7 @@ long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned 
     }
 
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, call->name);
     engine_claim_locked(&op, &start, &end, 1, false, false);
     engine_prefetch_locked(engine, start, end); /* arrives during the real call */
     int call_errno;
@@ -780,7 +871,7 @@ long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, boo
     if (replaces && !locks && !engine_may_overlap(engine, start, end))
         return engine_run_plain(call);
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, call->name);
     struct engine_ticket ticket = {0};
     if (replaces) {
         engine_claim_locked(&op, &start, &end, 1, true, false);
@@ -854,7 +945,7 @@ long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
     if (reason != RELEASE_MUNLOCK && !engine_may_overlap(engine, start, end))
         return engine_run_plain(call);
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, call->name);
     engine_prefetch_locked(engine, start, end);
     engine_claim_locked(&op, &start, &end, 1, true, false);
     struct engine_ticket ticket = {0};
@@ -888,7 +979,7 @@ long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
         !engine_may_overlap(engine, pages_start, pages_end))
         return engine_run_plain(call);
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, call->name);
     engine_prefetch_locked(engine, pages_start, pages_end);
     engine_claim_locked(&op, &pages_start, &pages_end, 1, true, false);
     struct engine_ticket ticket = {0};
@@ -913,7 +1004,7 @@ long engine_protect(struct engine *engine, uintptr_t start, uintptr_t end,
         !engine_may_overlap(engine, start, end))
         return engine_run_plain(call);
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, call->name);
     engine_claim_locked(&op, &start, &end, 1, true, false);
     /* The READ_ONLY registrations there (not the user's PINSHIM_FLAGS=readonly)
      * go before the call; the parts outside it are registered again as they

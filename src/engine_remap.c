@@ -107,7 +107,7 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
     }
 
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, call->name);
     uintptr_t starts[2] = {span_start, target_start}, ends[2] = {span_end, target_end};
     unsigned ranges = fixed ? 2 : 1;
     if (old_size == 0) {

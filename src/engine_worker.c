@@ -161,7 +161,7 @@ void engine_worker_poke(struct engine *engine)
     if (!engine_active(engine) || !engine_worker_has_work(engine))
         return;
     struct engine_op op;
-    engine_op_begin(&op, engine);
+    engine_op_begin(&op, engine, NULL);
     engine_want_worker_locked(&op);
     engine_op_end(&op);
 }

@@ -6,7 +6,6 @@
 #undef _FILE_OFFSET_BITS
 
 #include "block_extent.h"
-#include "cuda_loader.h"
 #include "loaded_objects.h"
 #include "log.h"
 #include "memory_map.h"
@@ -187,7 +186,7 @@ static inline uintptr_t range_end(uintptr_t addr, size_t length)
 /* Whether the checks allowed glibc's chunk header as the source of block ends. */
 static inline bool block_ends_from_header(void)
 {
-    return __builtin_expect(__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED) ==
+    return __builtin_expect(__atomic_load_n(&block_extent_chosen_source, __ATOMIC_RELAXED) ==
                                 BLOCK_EXTENT_GLIBC_HEADER,
                             1);
 }
@@ -245,20 +244,20 @@ static long run_realloc(void *arguments)
  * delete). */
 static void release_freed_block(uintptr_t start, uintptr_t end, const struct engine_call *call)
 {
-    runtime_guard_enter();
+    reentry_guard_enter();
     engine_release_block(&runtime_engine, start, end, RELEASE_FREE, false, call);
-    runtime_guard_leave();
+    reentry_guard_leave();
 }
 
 __attribute__((noinline)) static void free_with_registrations(void *ptr)
 {
     uintptr_t start, end;
-    if (!block_may_hold_registration(ptr, &start, &end) || runtime_guarded()) {
+    if (!block_may_hold_registration(ptr, &start, &end) || reentry_guarded()) {
         real_free()(ptr);
         return;
     }
     struct block_call arguments = {.ptr = ptr};
-    struct engine_call call = {run_free, &arguments};
+    struct engine_call call = {run_free, &arguments, "free"};
     release_freed_block(start, end, &call);
 }
 
@@ -305,11 +304,11 @@ void interpose_release_block(void *ptr, long (*run)(void *), void *arguments)
     ensure_resolved();
     uintptr_t start, end;
     if (engine_block_clear_fast(&runtime_engine, runtime_free_gate, ptr) ||
-        !block_may_hold_registration(ptr, &start, &end) || runtime_guarded()) {
+        !block_may_hold_registration(ptr, &start, &end) || reentry_guarded()) {
         run(arguments);
         return;
     }
-    struct engine_call call = {run, arguments};
+    struct engine_call call = {run, arguments, "operator delete"};
     release_freed_block(start, end, &call);
 }
 
@@ -334,7 +333,7 @@ static void *realloc_common(void *ptr, size_t nmemb, size_t size, bool is_array)
         return __libc_realloc(ptr, total);
     }
     uintptr_t start, end;
-    if (ptr == NULL || overflow || runtime_guarded() ||
+    if (ptr == NULL || overflow || reentry_guarded() ||
         !engine_has_registrations(&runtime_engine) ||
         !block_may_hold_registration(ptr, &start, &end)) {
         if (is_array)
@@ -344,13 +343,13 @@ static void *realloc_common(void *ptr, size_t nmemb, size_t size, bool is_array)
         return real.realloc(ptr, size);
     }
     struct block_call arguments = {ptr, is_array ? nmemb : 1, is_array ? size : total, is_array};
-    struct engine_call call = {run_realloc, &arguments};
+    struct engine_call call = {run_realloc, &arguments, "realloc"};
     /* realloc(p, 0) frees p; a failed realloc leaves the block and its pages
      * as they were, so what was released is put back. */
-    runtime_guard_enter();
+    reentry_guard_enter();
     long result =
         engine_release_block(&runtime_engine, start, end, RELEASE_REALLOC, total != 0, &call);
-    runtime_guard_leave();
+    reentry_guard_leave();
     return (void *)result;
 }
 
@@ -380,7 +379,7 @@ __attribute__((noinline)) static int posix_memalign_rare(void **memptr, size_t a
         *memptr = memory;
         return 0;
     }
-    if (size >= RUNTIME_SMALLEST_ROUNDING_THRESHOLD && !runtime_guarded()) {
+    if (size >= RUNTIME_SMALLEST_ROUNDING_THRESHOLD && !reentry_guarded()) {
         size_t threshold = runtime_rounding_threshold(); /* initialises: the page size */
         block_extent_round_to_pages(runtime_page_size, threshold, &alignment, &size);
     }
@@ -412,9 +411,9 @@ static void *block_extent_check_thread(void *argument)
         .free = real.free,
         .usable_size = real.malloc_usable_size,
     };
-    runtime_guard_enter();
+    reentry_guard_enter();
     check->source = block_extent_choose(&allocator);
-    runtime_guard_leave();
+    reentry_guard_leave();
     return NULL;
 }
 
@@ -429,13 +428,13 @@ static enum block_extent_source choose_on_a_thread_of_its_own(void)
     sigset_t all, previous;
     sigfillset(&all);
     pthread_t thread;
-    runtime_guard_enter();
+    reentry_guard_enter();
     pthread_sigmask(SIG_SETMASK, &all, &previous);
     int error = pthread_create(&thread, NULL, block_extent_check_thread, &check);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
     if (error == 0)
         pthread_join(thread, NULL);
-    runtime_guard_leave();
+    reentry_guard_leave();
     if (error != 0)
         block_extent_check_thread(&check);
     return check.source;
@@ -455,7 +454,7 @@ static void choose_block_extent_source(void)
     if (runtime_config.block_size_from_allocator || runtime_future_mappings_locked() ||
         real.posix_memalign == NULL || real.malloc_usable_size == bootstrap_usable_size ||
         real.free == bootstrap_free) {
-        __atomic_store_n(&runtime_block_extent_source, BLOCK_EXTENT_ALLOCATOR_CALL,
+        __atomic_store_n(&block_extent_chosen_source, BLOCK_EXTENT_ALLOCATOR_CALL,
                          __ATOMIC_RELAXED);
         log_debug("free finds block ends with malloc_usable_size (%s)",
                   runtime_config.block_size_from_allocator ? "PINSHIM_BLOCK_SIZE=allocator"
@@ -464,53 +463,53 @@ static void choose_block_extent_source(void)
         return;
     }
     enum block_extent_source source = choose_on_a_thread_of_its_own();
-    __atomic_store_n(&runtime_block_extent_source, (int)source, __ATOMIC_RELAXED);
+    __atomic_store_n(&block_extent_chosen_source, (int)source, __ATOMIC_RELAXED);
     if (source == BLOCK_EXTENT_GLIBC_HEADER)
         engine_enable_window(&runtime_engine);
     log_debug("free finds block ends with %s", block_extent_source_name(source));
 }
 
-/* Once (runtime_block_extent_state). Other threads never wait for the
+/* Once (block_extent_choice_state). Other threads never wait for the
  * chooser: they keep the allocator's answer meanwhile. */
 static void choose_block_extent_source_once(size_t length)
 {
-    if (__builtin_expect(__atomic_load_n(&runtime_block_extent_state, __ATOMIC_ACQUIRE) == 2, 1) ||
+    if (__builtin_expect(__atomic_load_n(&block_extent_choice_state, __ATOMIC_ACQUIRE) == 2, 1) ||
         length < runtime_config.min_bytes)
         return;
     int expected = 0;
-    if (!__atomic_compare_exchange_n(&runtime_block_extent_state, &expected, 1, false,
+    if (!__atomic_compare_exchange_n(&block_extent_choice_state, &expected, 1, false,
                                      __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
         return;
     choose_block_extent_source();
-    __atomic_store_n(&runtime_block_extent_state, 2, __ATOMIC_RELEASE);
+    __atomic_store_n(&block_extent_choice_state, 2, __ATOMIC_RELEASE);
 }
 
-/* ---- calls made by CUDA itself ---- */
+/* ---- calls made by a GPU runtime itself ---- */
 
-/* Whether the call comes from NVIDIA's own code: the driver or a runtime
- * locking, unlocking or mapping memory for itself, perhaps while it holds
- * its own locks. The shim must never call back into CUDA from inside that
- * stack (the driver's cuMemHostRegister would wait for a lock its caller
- * holds), nor wait there for a claim that an operation inside CUDA holds:
- * such calls go straight to the real function. Memory CUDA locks for itself
- * is CUDA's: it is never registered (registering it later, from another
- * thread, could race the driver's own pinning of it). The loader's list
- * answers, with no system call (loaded_objects.h). */
-static bool called_by_cuda(const void *caller)
+/* Whether the call comes from a GPU vendor's own code: a driver or a runtime
+ * locking, unlocking or mapping memory for itself, perhaps while it holds its
+ * own locks. The shim must never call back into the runtime from inside that
+ * stack (CUDA's cuMemHostRegister would wait for a lock its caller holds),
+ * nor wait there for a claim that an operation inside the runtime holds:
+ * such calls go straight to the real function. Memory a runtime locks for
+ * itself is its own: it is never registered (registering it later, from
+ * another thread, could race the runtime's own pinning of it). The loader's
+ * list answers, with no system call (loaded_objects.h). */
+static bool called_by_gpu_runtime(const void *caller)
 {
-    return loaded_objects_in_cuda_library((uintptr_t)caller);
+    return loaded_objects_in_gpu_runtime((uintptr_t)caller);
 }
 
-/* A lock CUDA made for itself: counted, passed through. */
-static void count_cuda_library_lock(void)
+/* A lock a runtime made for itself: counted, passed through. */
+static void count_runtime_library_lock(void)
 {
     int saved_errno = errno;
     runtime_ensure_initialized();
-    engine_count(&engine_stats(&runtime_engine)->skipped_cuda_library);
+    engine_count(&engine_stats(&runtime_engine)->skipped_runtime_library);
     runtime_count_lock_call();
     static int logged;
     if (__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED) == 0)
-        log_info("locks made by the CUDA driver or runtime itself are passed through, not "
+        log_info("locks made by a GPU driver or runtime itself are passed through, not "
                  "registered (logged once)");
     errno = saved_errno;
 }
@@ -552,17 +551,17 @@ static long run_munlockall(void *arguments)
 /* A lock that may register: counts it, picks free's block-size source once,
  * and hands the call to the engine. */
 static int lock_through_engine(const void *addr, size_t len, unsigned engine_flags,
-                               long (*run)(void *), struct lock_call *arguments)
+                               long (*run)(void *), struct lock_call *arguments, const char *name)
 {
     int saved_errno = errno;
     runtime_ensure_initialized();
     choose_block_extent_source_once(len);
-    runtime_notice_cuda();
+    runtime_notice_gpu();
     errno = saved_errno;
-    struct engine_call call = {run, arguments};
-    runtime_guard_enter();
+    struct engine_call call = {run, arguments, name};
+    reentry_guard_enter();
     int result = (int)engine_lock(&runtime_engine, (uintptr_t)addr, len, engine_flags, &call);
-    runtime_guard_leave();
+    reentry_guard_leave();
     if (result == 0)
         runtime_count_lock_call();
     return result;
@@ -571,15 +570,15 @@ static int lock_through_engine(const void *addr, size_t len, unsigned engine_fla
 PINSHIM_EXPORT int mlock(const void *addr, size_t len)
 {
     ensure_resolved();
-    if (runtime_guarded())
+    if (reentry_guarded())
         return real.mlock(addr, len);
-    if (called_by_cuda(__builtin_return_address(0))) {
+    if (called_by_gpu_runtime(__builtin_return_address(0))) {
         int result = real.mlock(addr, len);
-        count_cuda_library_lock();
+        count_runtime_library_lock();
         return result;
     }
     struct lock_call arguments = {addr, len, 0};
-    return lock_through_engine(addr, len, 0, run_mlock, &arguments);
+    return lock_through_engine(addr, len, 0, run_mlock, &arguments, "mlock");
 }
 
 #ifndef MLOCK_ONFAULT
@@ -590,36 +589,36 @@ PINSHIM_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
 {
     ensure_resolved();
     struct lock_call arguments = {addr, len, flags};
-    if (runtime_guarded())
+    if (reentry_guarded())
         return (int)run_mlock2(&arguments);
-    if (called_by_cuda(__builtin_return_address(0))) {
+    if (called_by_gpu_runtime(__builtin_return_address(0))) {
         int result = (int)run_mlock2(&arguments);
-        count_cuda_library_lock();
+        count_runtime_library_lock();
         return result;
     }
     /* MLOCK_ONFAULT locks lazily: PINSHIM_ONFAULT says what is registered. */
     return lock_through_engine(addr, len, (flags & MLOCK_ONFAULT) ? ENGINE_LOCK_ONFAULT : 0,
-                               run_mlock2, &arguments);
+                               run_mlock2, &arguments, "mlock2");
 }
 
 PINSHIM_EXPORT int munlock(const void *addr, size_t len)
 {
     ensure_resolved();
-    if (runtime_guarded() || called_by_cuda(__builtin_return_address(0)))
+    if (reentry_guarded() || called_by_gpu_runtime(__builtin_return_address(0)))
         return real.munlock(addr, len);
     int saved_errno = errno;
     runtime_ensure_initialized();
     engine_count(&engine_stats(&runtime_engine)->unlock_calls);
-    runtime_notice_cuda();
+    runtime_notice_gpu();
     errno = saved_errno;
     struct lock_call arguments = {addr, len, 0};
-    struct engine_call call = {run_munlock, &arguments};
+    struct engine_call call = {run_munlock, &arguments, "munlock"};
     /* ENOMEM: Linux unlocked up to the first hole; the rest is still locked. */
-    runtime_guard_enter();
+    reentry_guard_enter();
     int result = (int)engine_unlock(&runtime_engine, page_floor((uintptr_t)addr),
                                     range_end((uintptr_t)addr, len), RELEASE_MUNLOCK,
                                     ENGINE_FAILED_UNLOCKED_TO_HOLE, &call);
-    runtime_guard_leave();
+    reentry_guard_leave();
     return result;
 }
 
@@ -627,7 +626,7 @@ PINSHIM_EXPORT int mlockall(int flags)
 {
     ensure_resolved();
     int result = real.mlockall(flags);
-    if (!runtime_guarded()) {
+    if (!reentry_guarded()) {
         int saved_errno = errno;
         runtime_ensure_initialized();
         runtime_note_mlockall(flags, result);
@@ -639,17 +638,17 @@ PINSHIM_EXPORT int mlockall(int flags)
 PINSHIM_EXPORT int munlockall(void)
 {
     ensure_resolved();
-    if (runtime_guarded() || called_by_cuda(__builtin_return_address(0)))
+    if (reentry_guarded() || called_by_gpu_runtime(__builtin_return_address(0)))
         return real.munlockall();
     int saved_errno = errno;
     runtime_ensure_initialized();
     engine_count(&engine_stats(&runtime_engine)->unlock_calls);
     errno = saved_errno;
-    struct engine_call call = {run_munlockall, NULL};
-    runtime_guard_enter();
+    struct engine_call call = {run_munlockall, NULL, "munlockall"};
+    reentry_guard_enter();
     int result = (int)engine_unlock(&runtime_engine, 0, PAGE_INDEX_LIMIT, RELEASE_MUNLOCK,
                                     ENGINE_FAILED_CHANGED_NOTHING, &call);
-    runtime_guard_leave();
+    reentry_guard_leave();
     runtime_note_munlockall(result);
     return result;
 }
@@ -680,13 +679,13 @@ static void *mmap_common(mmap_fn next, const void *caller, void *addr, size_t le
     }
     /* Before the fast path: a program initialising CUDA maps memory, which
      * is when ranges waiting for its context can go (one load otherwise). */
-    runtime_notice_cuda();
-    if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1) || runtime_guarded())
+    runtime_notice_gpu();
+    if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1) || reentry_guarded())
         return next(addr, length, prot, flags, fd, offset);
-    if (called_by_cuda(caller)) {
+    if (called_by_gpu_runtime(caller)) {
         void *result = next(addr, length, prot, flags, fd, offset);
         if ((flags & MAP_LOCKED) && result != MAP_FAILED)
-            count_cuda_library_lock();
+            count_runtime_library_lock();
         return result;
     }
     uintptr_t start = (uintptr_t)addr;
@@ -700,10 +699,10 @@ static void *mmap_common(mmap_fn next, const void *caller, void *addr, size_t le
     }
     errno = saved_errno;
     struct map_call arguments = {next, addr, length, prot, flags, fd, offset};
-    struct engine_call call = {run_mmap, &arguments};
-    runtime_guard_enter();
+    struct engine_call call = {run_mmap, &arguments, "mmap"};
+    reentry_guard_enter();
     long result = engine_map(&runtime_engine, start, length, replaces, locks, &call);
-    runtime_guard_leave();
+    reentry_guard_leave();
     if (locks && result != -1)
         runtime_count_lock_call();
     return (void *)result;
@@ -733,18 +732,18 @@ PINSHIM_EXPORT int munmap(void *addr, size_t length)
 {
     ensure_resolved();
     uintptr_t start = (uintptr_t)addr;
-    if (runtime_guarded() || length == 0 || start % runtime_page_size != 0)
+    if (reentry_guarded() || length == 0 || start % runtime_page_size != 0)
         return real.munmap(addr, length);
-    runtime_notice_cuda();
+    runtime_notice_gpu();
     if (!engine_may_overlap(&runtime_engine, start, range_end(start, length)) ||
-        called_by_cuda(__builtin_return_address(0)))
+        called_by_gpu_runtime(__builtin_return_address(0)))
         return real.munmap(addr, length);
     struct map_call arguments = {.addr = addr, .length = length};
-    struct engine_call call = {run_munmap, &arguments};
-    runtime_guard_enter();
+    struct engine_call call = {run_munmap, &arguments, "munmap"};
+    reentry_guard_enter();
     int result = (int)engine_unlock(&runtime_engine, start, range_end(start, length),
                                     RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING, &call);
-    runtime_guard_leave();
+    reentry_guard_leave();
     return result;
 }
 
@@ -775,16 +774,16 @@ static long run_mprotect(void *arguments)
 static int protect_common(struct protect_call *arguments, const void *caller)
 {
     uintptr_t start = (uintptr_t)arguments->addr;
-    if (!(arguments->prot & PROT_WRITE) || runtime_guarded() || arguments->length == 0 ||
+    if (!(arguments->prot & PROT_WRITE) || reentry_guarded() || arguments->length == 0 ||
         start % runtime_page_size != 0 ||
         !engine_may_overlap(&runtime_engine, start, range_end(start, arguments->length)) ||
-        called_by_cuda(caller))
+        called_by_gpu_runtime(caller))
         return (int)run_mprotect(arguments);
-    struct engine_call call = {run_mprotect, arguments};
-    runtime_guard_enter();
+    struct engine_call call = {run_mprotect, arguments, "mprotect"};
+    reentry_guard_enter();
     int result =
         (int)engine_protect(&runtime_engine, start, range_end(start, arguments->length), &call);
-    runtime_guard_leave();
+    reentry_guard_leave();
     return result;
 }
 
@@ -826,42 +825,21 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
         new_address = va_arg(args, void *);
         va_end(args);
     }
-    if (runtime_guarded() || !engine_has_registrations(&runtime_engine) ||
-        called_by_cuda(__builtin_return_address(0)))
+    if (reentry_guarded() || !engine_has_registrations(&runtime_engine) ||
+        called_by_gpu_runtime(__builtin_return_address(0)))
         return real.mremap(old_address, old_size, new_size, flags, new_address);
-    runtime_notice_cuda();
+    runtime_notice_gpu();
     struct remap_call arguments = {old_address, old_size, new_size, flags, new_address};
-    struct engine_call call = {run_mremap, &arguments};
-    runtime_guard_enter();
+    struct engine_call call = {run_mremap, &arguments, "mremap"};
+    reentry_guard_enter();
     long result = engine_remap(&runtime_engine, (uintptr_t)old_address, old_size, new_size, flags,
                                (uintptr_t)new_address, &call);
-    runtime_guard_leave();
+    reentry_guard_leave();
     return (void *)result;
 }
 
-/* ---- the program's own registrations ---- */
+/* ---- the program's own registrations: what the vendors' files share ---- */
 
-/* A program (or its framework: PyTorch, DeepSpeed, vLLM) that registers
- * memory itself reaches these definitions first, when its call goes through
- * the global symbol scope (a library linked against libcudart, or
- * dlsym(RTLD_DEFAULT)). The shim hands over the pages (its own registrations
- * there go first) and forwards to the definition the caller would have
- * reached without it. */
-typedef int (*cuda_host_register_fn)(void *, size_t, unsigned int);
-typedef int (*cuda_host_unregister_fn)(void *);
-
-enum { CUDA_ERROR_INSUFFICIENT_DRIVER = 35 };
-
-/* An address no one registers: the program's cudaHostUnregister of memory
- * only the shim registered is answered by the runtime for this instead, so
- * the program gets exactly the error (and last-error state) it would get
- * without the shim, and the shim's registration stays. */
-static char never_registered;
-
-/* The definition after the shim's: the next in the global scope, else in the
- * caller's own dependencies (a library loaded RTLD_LOCAL with its runtime, as
- * PyTorch's are), else a runtime loaded under a known soname. Caches the last
- * answer per caller object. */
 /* name in the object file (a path or soname) if the process has loaded it,
  * else NULL; loads nothing. */
 static void *symbol_of_loaded(const char *file, const char *name)
@@ -874,7 +852,8 @@ static void *symbol_of_loaded(const char *file, const char *name)
     return symbol;
 }
 
-static void *next_runtime_symbol(const char *name, const void *own, const void *caller)
+void *interpose_next_symbol(const char *name, const void *own, const void *caller,
+                            const char *const *sonames)
 {
     static pthread_mutex_t cache_mutex = PTHREAD_MUTEX_INITIALIZER;
     static struct {
@@ -891,13 +870,13 @@ static void *next_runtime_symbol(const char *name, const void *own, const void *
             return symbol;
         }
     pthread_mutex_unlock(&cache_mutex);
-    runtime_guard_enter();
+    reentry_guard_enter();
     void *symbol = dlsym(RTLD_NEXT, name);
     if ((symbol == NULL || symbol == own) && have_caller)
         symbol = symbol_of_loaded(info.dli_fname, name);
-    for (int i = 0; (symbol == NULL || symbol == own) && cuda_runtime_sonames[i] != NULL; i++)
-        symbol = symbol_of_loaded(cuda_runtime_sonames[i], name);
-    runtime_guard_leave();
+    for (int i = 0; (symbol == NULL || symbol == own) && sonames[i] != NULL; i++)
+        symbol = symbol_of_loaded(sonames[i], name);
+    reentry_guard_leave();
     if (symbol == own)
         symbol = NULL;
     if (symbol != NULL) {
@@ -910,65 +889,6 @@ static void *next_runtime_symbol(const char *name, const void *own, const void *
         pthread_mutex_unlock(&cache_mutex);
     }
     return symbol;
-}
-
-struct program_register_call {
-    cuda_host_register_fn next;
-    void *ptr;
-    size_t size;
-    unsigned int flags;
-};
-
-static long run_program_register(void *arguments)
-{
-    struct program_register_call *call = arguments;
-    return call->next(call->ptr, call->size, call->flags);
-}
-
-struct program_unregister_call {
-    cuda_host_unregister_fn next;
-    void *ptr;
-};
-
-static long run_program_unregister(void *arguments)
-{
-    struct program_unregister_call *call = arguments;
-    return call->next(call->ptr);
-}
-
-PINSHIM_EXPORT int cudaHostRegister(void *ptr, size_t size, unsigned int flags)
-{
-    cuda_host_register_fn next = (cuda_host_register_fn)next_runtime_symbol(
-        "cudaHostRegister", (void *)cudaHostRegister, __builtin_return_address(0));
-    if (next == NULL)
-        return CUDA_ERROR_INSUFFICIENT_DRIVER; /* no runtime in the process at all */
-    if (runtime_guarded() || !runtime_is_initialized())
-        return next(ptr, size, flags);
-    runtime_notice_cuda();
-    struct program_register_call arguments = {next, ptr, size, flags};
-    struct engine_call call = {run_program_register, &arguments};
-    runtime_guard_enter();
-    int result = (int)engine_program_register(&runtime_engine, (uintptr_t)ptr, size, flags, &call);
-    runtime_guard_leave();
-    return result;
-}
-
-PINSHIM_EXPORT int cudaHostUnregister(void *ptr)
-{
-    cuda_host_unregister_fn next = (cuda_host_unregister_fn)next_runtime_symbol(
-        "cudaHostUnregister", (void *)cudaHostUnregister, __builtin_return_address(0));
-    if (next == NULL)
-        return CUDA_ERROR_INSUFFICIENT_DRIVER;
-    if (runtime_guarded() || !runtime_is_initialized())
-        return next(ptr);
-    if (engine_is_shim_registration(&runtime_engine, (uintptr_t)ptr))
-        return next(&never_registered); /* not the program's: as without the shim */
-    struct program_unregister_call arguments = {next, ptr};
-    struct engine_call call = {run_program_unregister, &arguments};
-    runtime_guard_enter();
-    int result = (int)engine_program_unregister(&runtime_engine, (uintptr_t)ptr, &call);
-    runtime_guard_leave();
-    return result;
 }
 
 /* ---- _exit ---- */

@@ -61,9 +61,9 @@ static void *next_definition(enum delete_form form)
 {
     void *next = __atomic_load_n(&next_delete[form], __ATOMIC_ACQUIRE);
     if (next == NULL) {
-        runtime_guard_enter(); /* dlsym may allocate and free */
+        reentry_guard_enter(); /* dlsym may allocate and free */
         next = dlsym(RTLD_NEXT, delete_names[form]);
-        runtime_guard_leave();
+        reentry_guard_leave();
         if (next != NULL)
             __atomic_store_n(&next_delete[form], next, __ATOMIC_RELEASE);
     }

@@ -19,6 +19,11 @@
         path, offsetof(struct engine_statistics, member), kind, 1, 0                               \
     }
 #define COUNT(path, member) STAT(path, member, LIVE_FIELD_COUNT)
+#define TEXT(path, member)                                                                         \
+    {                                                                                              \
+        path, offsetof(struct engine_statistics, member), LIVE_FIELD_TEXT, 1,                      \
+            sizeof(((struct engine_statistics *)0)->member)                                        \
+    }
 #define NANOSECONDS(path, member) STAT(path, member, LIVE_FIELD_NANOSECONDS)
 #define ARRAY(path, member, kind, count, element)                                                  \
     {                                                                                              \
@@ -33,7 +38,7 @@ static const struct live_record_field fields[] = {
     COUNT("register.already_registered", counters.register_already_registered),
     COUNT("register.skipped_small", skipped_small),
     COUNT("register.skipped_no_runtime", skipped_disabled),
-    COUNT("register.skipped_cuda_library", skipped_cuda_library),
+    COUNT("register.skipped_runtime_library", skipped_runtime_library),
     COUNT("register.by_pieces", registered_by_pieces),
     COUNT("register.read_only", read_only_registrations),
     COUNT("register.skipped_read_only_unsupported", skipped_read_only_unsupported),
@@ -80,6 +85,8 @@ static const struct live_record_field fields[] = {
     COUNT("live.bytes", counters.live_bytes),
     COUNT("live.peak_bytes", counters.peak_bytes),
     STAT("last_change", last_change_ns, LIVE_FIELD_TIME),
+    TEXT("accelerator.vendor", vendor),
+    TEXT("accelerator.register_call", register_call),
     ARRAY("devices[].registrations", devices[0].registrations, LIVE_FIELD_COUNT, ENGINE_MAX_DEVICES,
           struct engine_device_counts),
     ARRAY("devices[].bytes", devices[0].bytes, LIVE_FIELD_COUNT, ENGINE_MAX_DEVICES,
@@ -90,6 +97,13 @@ static const struct live_record_field fields[] = {
           struct engine_error_count),
     ARRAY("errors[].name", errors[0].name, LIVE_FIELD_TEXT, ENGINE_ERROR_SLOTS,
           struct engine_error_count),
+    ARRAY("numa.nodes[].bytes", numa_nodes[0].bytes, LIVE_FIELD_COUNT, NUMA_PLACEMENT_MAX_NODES,
+          struct engine_numa_counts),
+    ARRAY("numa.nodes[].local_bytes", numa_nodes[0].local_bytes, LIVE_FIELD_COUNT,
+          NUMA_PLACEMENT_MAX_NODES, struct engine_numa_counts),
+    COUNT("numa.remote_bytes", numa_remote_bytes),
+    COUNT("numa.unknown_bytes", numa_unknown_bytes),
+    ARRAY("numa.device_nodes[]", device_nodes[0], LIVE_FIELD_INT32, ENGINE_MAX_DEVICES, int32_t),
 };
 
 #define FIELD_COUNT (sizeof(fields) / sizeof(fields[0]))

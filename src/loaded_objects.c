@@ -5,15 +5,15 @@
 #include <pthread.h>
 #include <string.h>
 
-#define MAX_CODE_RANGES 32
-#define DRIVER_PATH_MAX 512
+#define MAX_CODE_RANGES 64
+#define LIBRARY_PATH_MAX 512
 
 /* What the last walk found, valid while the loader's counters are the same. */
 static struct {
     bool walked;
     unsigned long long adds, subs;
-    bool driver_loaded;
-    char driver_path[DRIVER_PATH_MAX];
+    bool loaded[LOADED_LIBRARY_COUNT];
+    char path[LOADED_LIBRARY_COUNT][LIBRARY_PATH_MAX];
     size_t range_count;
     uintptr_t ranges[MAX_CODE_RANGES][2];
 } cache;
@@ -25,18 +25,36 @@ static const char *base_name(const char *name)
     return slash != NULL ? slash + 1 : name;
 }
 
-bool loaded_objects_is_cuda_driver_name(const char *name)
+static const char *const library_prefixes[LOADED_LIBRARY_COUNT] = {
+    [LOADED_CUDA_DRIVER] = "libcuda.so",
+    [LOADED_HIP_RUNTIME] = "libamdhip64.so",
+    [LOADED_HSA_RUNTIME] = "libhsa-runtime64.so",
+    [LOADED_ZE_LOADER] = "libze_loader.so",
+};
+
+static bool starts_with(const char *text, const char *prefix)
 {
-    return name != NULL && strncmp(base_name(name), "libcuda.so", 10) == 0;
+    return strncmp(text, prefix, strlen(prefix)) == 0;
 }
 
-bool loaded_objects_is_cuda_library_name(const char *name)
+bool loaded_objects_is_library_name(const char *name, enum loaded_library which)
+{
+    return name != NULL && starts_with(base_name(name), library_prefixes[which]);
+}
+
+bool loaded_objects_is_gpu_runtime_name(const char *name)
 {
     if (name == NULL)
         return false;
     const char *base = base_name(name);
-    return loaded_objects_is_cuda_driver_name(base) || strstr(base, "cudart") != NULL ||
-           strncmp(base, "libnvidia-", 10) == 0;
+    for (int which = 0; which < LOADED_LIBRARY_COUNT; which++)
+        if (starts_with(base, library_prefixes[which]))
+            return true;
+    /* Their companions: NVIDIA's runtimes and driver libraries, the ROCt
+     * thunk under HSA, Level Zero's GPU driver and layers. */
+    return strstr(base, "cudart") != NULL || starts_with(base, "libnvidia-") ||
+           starts_with(base, "libhsakmt.so") || starts_with(base, "libze_intel_gpu.so") ||
+           (starts_with(base, "libze_") && strstr(base, "_layer.so") != NULL);
 }
 
 struct walk {
@@ -56,15 +74,17 @@ static int visit(struct dl_phdr_info *info, size_t size, void *context)
         return 1;
     }
     const char *name = info->dlpi_name;
-    if (!loaded_objects_is_cuda_library_name(name))
+    if (!loaded_objects_is_gpu_runtime_name(name))
         return 0;
-    if (loaded_objects_is_cuda_driver_name(name) && !cache.driver_loaded) {
-        cache.driver_loaded = true;
+    for (int which = 0; which < LOADED_LIBRARY_COUNT; which++) {
+        if (cache.loaded[which] || !loaded_objects_is_library_name(name, which))
+            continue;
+        cache.loaded[which] = true;
         size_t length = strlen(name);
-        if (length >= sizeof(cache.driver_path))
+        if (length >= sizeof(cache.path[which]))
             length = 0; /* too long to keep: found by its soname instead */
-        memcpy(cache.driver_path, name, length);
-        cache.driver_path[length] = '\0';
+        memcpy(cache.path[which], name, length);
+        cache.path[which][length] = '\0';
     }
     for (size_t i = 0; i < info->dlpi_phnum && cache.range_count < MAX_CODE_RANGES; i++) {
         const ElfW(Phdr) *header = &info->dlpi_phdr[i];
@@ -86,8 +106,7 @@ static void refresh_locked(void)
     dl_iterate_phdr(visit, &walk);
     if (cache.walked && walk.adds == cache.adds && walk.subs == cache.subs)
         return;
-    cache.driver_loaded = false;
-    cache.driver_path[0] = '\0';
+    memset(cache.loaded, 0, sizeof(cache.loaded));
     cache.range_count = 0;
     struct walk full = {.counters_only = false};
     dl_iterate_phdr(visit, &full);
@@ -96,23 +115,23 @@ static void refresh_locked(void)
     cache.walked = true;
 }
 
-bool loaded_objects_cuda_driver(char *path, size_t path_size)
+bool loaded_objects_find(enum loaded_library which, char *path, size_t path_size)
 {
     pthread_mutex_lock(&cache_mutex);
     refresh_locked();
-    bool loaded = cache.driver_loaded;
+    bool loaded = cache.loaded[which];
     if (loaded && path != NULL && path_size > 0) {
-        size_t length = strlen(cache.driver_path);
+        size_t length = strlen(cache.path[which]);
         if (length >= path_size)
             length = 0;
-        memcpy(path, cache.driver_path, length);
+        memcpy(path, cache.path[which], length);
         path[length] = '\0';
     }
     pthread_mutex_unlock(&cache_mutex);
     return loaded;
 }
 
-bool loaded_objects_in_cuda_library(uintptr_t address)
+bool loaded_objects_in_gpu_runtime(uintptr_t address)
 {
     pthread_mutex_lock(&cache_mutex);
     refresh_locked();

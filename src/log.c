@@ -76,3 +76,18 @@ void log_message(enum log_level level, const char *format, ...)
     write_fully(__atomic_load_n(&log_fd, __ATOMIC_RELAXED), line, used);
     errno = saved_errno;
 }
+
+void log_format_bytes(uint64_t bytes, char *out, size_t out_size)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double value = (double)bytes;
+    int unit = 0;
+    while (value >= 1024 && unit < 4) {
+        value /= 1024;
+        unit++;
+    }
+    if (unit == 0)
+        snprintf(out, out_size, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(out, out_size, "%.1f %s", value, units[unit]);
+}

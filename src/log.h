@@ -5,6 +5,7 @@
 #define PINSHIM_LOG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 enum log_level { LOG_QUIET = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
@@ -22,6 +23,10 @@ void log_message(enum log_level level, const char *format, ...)
  * PINSHIM_LOG=quiet hides them from stderr, not from the count. A fork child
  * starts from zero, as its other counters do. */
 uint64_t log_warning_count(void);
+
+/* A byte count as people read it: "512 B", "8.0 MiB" (powers of 1024), for
+ * messages, the stats summary and NVTX ranges. */
+void log_format_bytes(uint64_t bytes, char *out, size_t out_size);
 
 #define log_warn(...) log_message(LOG_WARN, __VA_ARGS__)
 #define log_info(...)                                                                              \

@@ -257,6 +257,7 @@ static bool parse_name(const char *value, const char *const *names, size_t count
 }
 
 static const char *const context_names[] = {"program", "create"};
+static const char *const vendor_names[] = {"auto", "cuda", "hip", "ze"};
 static const char *const onfault_names[] = {"resident", "skip", "all"};
 static const char *const fork_names[] = {"copy", "dontfork"};
 
@@ -268,6 +269,17 @@ static bool parse_context(const char *value, struct pinshim_config *cfg, char *w
         return false;
     }
     cfg->context_mode = (enum context_mode)mode;
+    return true;
+}
+
+static bool parse_vendor(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
+{
+    int vendor;
+    if (!parse_name(value, vendor_names, 4, &vendor)) {
+        copy_text(why, why_size, "unknown vendor");
+        return false;
+    }
+    cfg->vendor = (enum vendor_choice)vendor;
     return true;
 }
 
@@ -292,6 +304,24 @@ static bool parse_async(const char *value, struct pinshim_config *cfg, char *why
     if (!parse_register(value, &scratch, why, why_size))
         return false;
     cfg->asynchronous = scratch.register_enabled;
+    return true;
+}
+
+static bool parse_numa(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
+{
+    struct pinshim_config scratch = *cfg;
+    if (!parse_register(value, &scratch, why, why_size))
+        return false;
+    cfg->numa = scratch.register_enabled;
+    return true;
+}
+
+static bool parse_nvtx(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
+{
+    struct pinshim_config scratch = *cfg;
+    if (!parse_register(value, &scratch, why, why_size))
+        return false;
+    cfg->nvtx = scratch.register_enabled;
     return true;
 }
 
@@ -353,8 +383,8 @@ const struct option_spec option_table[OPT_COUNT] = {
      .flag_value = "0",
      .accepted = "1/true/yes/on, 0/false/no/off",
      .default_text = "on",
-     .help = "Whether locked ranges are registered with CUDA; off (--no-register) keeps mlock "
-             "only and never loads CUDA.",
+     .help = "Whether locked ranges are registered with the GPU runtime; off (--no-register) "
+             "keeps mlock only and never loads a runtime.",
      .parse = parse_register},
     {.id = OPT_MIN_BYTES,
      .env_name = "PINSHIM_MIN_BYTES",
@@ -371,8 +401,9 @@ const struct option_spec option_table[OPT_COUNT] = {
      .cli_argument = "LIST",
      .accepted = "comma list of default, portable, mapped, readonly",
      .default_text = "default",
-     .help = "Registration flags (cuMemHostRegister's or cudaHostRegister's; default: mapped "
-             "and portable, what cudaHostRegisterDefault means on 64-bit systems).",
+     .help = "Registration flags, CUDA's and HIP's (the same values; default: mapped and "
+             "portable, what cudaHostRegisterDefault means on 64-bit systems); Level Zero's "
+             "import takes none.",
      .parse = parse_flags},
     {.id = OPT_CUDART,
      .names_file = true,
@@ -429,12 +460,24 @@ const struct option_spec option_table[OPT_COUNT] = {
      .cli_argument = "MODE",
      .accepted = "program, create",
      .default_text = "program",
-     .help = "Where registrations go: program registers into the CUDA context the program "
-             "already uses and waits (deferred) while it has none, never creating one; create "
-             "loads the CUDA runtime and registers without waiting for the program (from the "
-             "locking thread, or the shim's thread with PINSHIM_ASYNC=on), creating a context "
-             "if need be.",
+     .help = "Where registrations go: program registers through the GPU runtime the program "
+             "itself started (CUDA, HIP or Level Zero), into the context it uses, and waits "
+             "(deferred) while it has started none, never starting one; create loads and "
+             "starts a runtime (PINSHIM_VENDOR) and registers without waiting for the program "
+             "(from the locking thread, or the shim's thread with PINSHIM_ASYNC=on), creating a "
+             "context if need be.",
      .parse = parse_context},
+    {.id = OPT_VENDOR,
+     .env_name = "PINSHIM_VENDOR",
+     .cli_name = "vendor",
+     .cli_argument = "NAME",
+     .accepted = "auto, cuda, hip, ze",
+     .default_text = "auto",
+     .help = "Whose runtime registers: cuda (libcuda, libcudart), hip (libamdhip64) or ze "
+             "(Level Zero's libze_loader); auto takes, in program mode, the first of them in "
+             "that order that the program started, and in create mode the first that loads and "
+             "starts.",
+     .parse = parse_vendor},
     {.id = OPT_DEVICE,
      .env_name = "PINSHIM_DEVICE",
      .cli_name = "device",
@@ -507,6 +550,28 @@ const struct option_spec option_table[OPT_COUNT] = {
              "killed process's goes when the next process makes its own (a day later when it "
              "names a statistics file).",
      .parse = parse_live},
+    {.id = OPT_NUMA,
+     .env_name = "PINSHIM_NUMA",
+     .cli_name = "numa",
+     .cli_argument = "BOOL",
+     .accepted = "1/true/yes/on, 0/false/no/off",
+     .default_text = "on",
+     .help = "Whether each registration's pages are located on NUMA nodes (move_pages(2), "
+             "which moves nothing; at most 256 pages asked per registration) and compared with "
+             "the node of the GPU they were registered for: bytes per node, local and remote, "
+             "in the statistics, and one warning per process when memory is remote.",
+     .parse = parse_numa},
+    {.id = OPT_NVTX,
+     .env_name = "PINSHIM_NVTX",
+     .cli_name = "nvtx",
+     .cli_argument = "BOOL",
+     .accepted = "1/true/yes/on, 0/false/no/off",
+     .default_text = "on",
+     .help = "Whether each registration, unregistration and wait of a lock call for one is an "
+             "NVTX range in the domain pinshim, which Nsight Systems shows on the thread's row; "
+             "nothing is loaded or recorded unless a tool is attached (NVTX_INJECTION64_PATH), "
+             "and never in secure-execution mode.",
+     .parse = parse_nvtx},
 };
 
 void config_set_defaults(struct pinshim_config *cfg)
@@ -524,6 +589,8 @@ void config_set_defaults(struct pinshim_config *cfg)
     cfg->onfault = ONFAULT_RESIDENT;
     cfg->fork_mode = FORK_COPY;
     cfg->fork_warn_bytes = (uint64_t)1 << 30;
+    cfg->numa = true;
+    cfg->nvtx = true;
 }
 
 bool config_secure_execution(void)
@@ -645,6 +712,9 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
     case OPT_CONTEXT:
         copy_text(out, out_size, context_names[cfg->context_mode]);
         break;
+    case OPT_VENDOR:
+        copy_text(out, out_size, vendor_names[cfg->vendor]);
+        break;
     case OPT_DEVICE:
         if (cfg->device < 0)
             copy_text(out, out_size, "thread");
@@ -671,6 +741,12 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
                   cfg->live_mode == LIVE_AUTO  ? "auto"
                   : cfg->live_mode == LIVE_OFF ? "off"
                                                : cfg->live_directory);
+        break;
+    case OPT_NUMA:
+        copy_text(out, out_size, cfg->numa ? "on" : "off");
+        break;
+    case OPT_NVTX:
+        copy_text(out, out_size, cfg->nvtx ? "on" : "off");
         break;
     case OPT_COUNT:
         copy_text(out, out_size, "");

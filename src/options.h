@@ -10,9 +10,17 @@
 #include <stdint.h>
 
 enum stats_mode { STATS_NONE = 0, STATS_TEXT, STATS_JSON };
-/* Where registrations go: the program's own CUDA context (never a new one),
- * or today's runtime call that creates one when needed. */
+/* Where registrations go: through the GPU runtime the program started, into
+ * its own context (never a new one), or through a runtime the shim loads and
+ * starts, creating a context when needed. */
 enum context_mode { CONTEXT_PROGRAM = 0, CONTEXT_CREATE };
+/* Which vendors' runtimes the shim may use (accelerator.h keeps the order). */
+enum vendor_choice {
+    VENDOR_CHOICE_AUTO = 0,
+    VENDOR_CHOICE_CUDA,
+    VENDOR_CHOICE_HIP,
+    VENDOR_CHOICE_ZE
+};
 enum onfault_mode { ONFAULT_RESIDENT = 0, ONFAULT_SKIP, ONFAULT_ALL };
 enum fork_mode { FORK_COPY = 0, FORK_DONTFORK };
 /* Where a process's live record goes (live_record.h). */
@@ -23,7 +31,7 @@ enum live_mode { LIVE_AUTO = 0, LIVE_OFF, LIVE_DIRECTORY };
 struct pinshim_config {
     bool register_enabled;
     uint64_t min_bytes;
-    unsigned register_flags;      /* cudaHostRegister flags */
+    unsigned register_flags;      /* ENGINE_REGISTER_* */
     char cudart[CONFIG_PATH_MAX]; /* empty: search for the runtime */
     enum stats_mode stats_mode;
     char stats_path[CONFIG_PATH_MAX]; /* template with %p %h %%, for STATS_JSON */
@@ -31,6 +39,7 @@ struct pinshim_config {
     enum log_level log_level;
     bool block_size_from_allocator; /* free always asks malloc_usable_size */
     enum context_mode context_mode;
+    enum vendor_choice vendor;
     int device; /* PINSHIM_DEVICE for CONTEXT_CREATE; -1: the calling thread's */
     bool asynchronous;
     uint64_t max_registration_bytes;
@@ -39,6 +48,8 @@ struct pinshim_config {
     uint64_t fork_warn_bytes; /* 0: never warn */
     enum live_mode live_mode;
     char live_directory[CONFIG_PATH_MAX]; /* for LIVE_DIRECTORY */
+    bool numa;                            /* locate each registration's pages on NUMA nodes */
+    bool nvtx;                            /* NVTX ranges for registrations and the waits for them */
 };
 
 enum option_id {
@@ -51,6 +62,7 @@ enum option_id {
     OPT_LOG,
     OPT_BLOCK_SIZE,
     OPT_CONTEXT,
+    OPT_VENDOR,
     OPT_DEVICE,
     OPT_ASYNC,
     OPT_MAX_REGISTRATION,
@@ -58,6 +70,8 @@ enum option_id {
     OPT_FORK,
     OPT_FORK_WARN,
     OPT_LIVE,
+    OPT_NUMA,
+    OPT_NVTX,
     OPT_COUNT
 };
 

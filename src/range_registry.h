@@ -19,30 +19,33 @@
 #include <stdint.h>
 
 enum range_state {
-    RANGE_PENDING = 1,   /* locked; waits for a CUDA context in the process (deferred) */
+    RANGE_PENDING = 1,   /* locked; waits for the program to start its GPU runtime (deferred) */
     RANGE_QUEUED,        /* locked; waits for the registration thread */
-    RANGE_REGISTERING,   /* cudaHostRegister in flight */
+    RANGE_REGISTERING,   /* the backend's register call in flight */
     RANGE_REGISTERED,    /* registered by the shim */
-    RANGE_UNREGISTERING, /* cudaHostUnregister in flight */
+    RANGE_UNREGISTERING, /* the backend's unregister call in flight */
     RANGE_PROGRAM,       /* registered by the program itself: never the shim's to undo */
 };
 
-/* Where and how a registration is made: the device, the driver context (0:
- * the device's primary context, or the runtime's choice), and the
- * cuMemHostRegister flags it is made with. */
+/* Where and how a registration is made: the device, the context (CUDA: 0 is
+ * the device's primary context, or the runtime's choice; Level Zero: the
+ * driver), and the engine's register flags it is made with. */
 struct range_place {
     uintptr_t context;
     int32_t device; /* -1: not known (the runtime chose) */
     uint16_t flags; /* RANGE_PLACE_* */
-    /* CU_MEMHOSTREGISTER_* bits as the driver gets them (never 0 once
-     * chosen: cudaHostRegisterDefault is PORTABLE|DEVICEMAP); 0 until the
-     * engine picks them. */
+    /* ENGINE_REGISTER_* bits (never 0 once chosen: the default is
+     * PORTABLE|DEVICEMAP); 0 until the engine picks them. */
     uint8_t register_flags;
     uint8_t reserved;
 };
 /* Made in the locking thread's own (non-primary) context: only that context
  * can be used for it. */
 #define RANGE_PLACE_THREAD_CONTEXT 1u
+/* Holds in every context and on every device of the process (HIP's host
+ * registrations; Level Zero's imports, per driver: context names the driver):
+ * any thread may make or undo it. */
+#define RANGE_PLACE_ANY_CONTEXT 2u
 
 struct range_record {
     uintptr_t base; /* 0 marks an empty slot */

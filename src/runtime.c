@@ -1,12 +1,13 @@
 #include "runtime.h"
 
+#include "accelerator.h"
 #include "block_extent.h"
-#include "cuda_driver.h"
-#include "cuda_loader.h"
 #include "loaded_objects.h"
 #include "log.h"
 #include "memory_map.h"
 #include "stats.h"
+#include "trace.h"
+#include "numa_placement.h"
 
 #include "pinshim.h"
 
@@ -16,6 +17,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -37,8 +39,6 @@
 
 #define PINSHIM_EXPORT __attribute__((visibility("default")))
 
-__thread int runtime_guard_depth __attribute__((tls_model("initial-exec")));
-
 struct engine runtime_engine;
 uintptr_t runtime_free_gate;
 struct pinshim_config runtime_config;
@@ -50,28 +50,14 @@ uintptr_t runtime_page_size = 4096;
 #define MCL_ONFAULT 4
 #endif
 
-int runtime_block_extent_source = BLOCK_EXTENT_NOT_CHOSEN;
-int runtime_block_extent_state;
 static int future_mappings_locked;
 
 enum init_state { INIT_NONE = 0, INIT_RUNNING, INIT_DONE };
 static int init_state;
 
-enum cuda_state { CUDA_NOT_TRIED = 0, CUDA_READY, CUDA_DISABLED };
-/* PINSHIM_CONTEXT=create: the runtime, loaded at the first lock that registers. */
-static int cuda_state;
-static struct cuda_runtime cuda;
-static pthread_mutex_t cuda_load_mutex = PTHREAD_MUTEX_INITIALIZER;
-static const char *cuda_disabled_reason; /* for the stats when nothing was loaded */
-/* PINSHIM_CONTEXT=program: the program's driver, found, never loaded. */
-static struct cuda_driver driver;
-static int preferred_device = -1; /* the device the program's threads were last seen using */
-static uint64_t contexts_created; /* by the shim's runtime calls (create mode only) */
 static bool is_fork_child;
 static pid_t process_id; /* this process's, set at start and in fork children */
 static bool ended_by_immediate_exit;
-static bool parent_used_cuda;
-static bool cuda_used_here; /* this process initialised CUDA (seen by the shim) */
 static int mlockall_logged;
 static int fork_warned;
 static uint64_t last_notice_nanoseconds;
@@ -82,177 +68,7 @@ static uint64_t last_notice_nanoseconds;
 static int stderr_copy = -1;
 static struct stat stderr_copy_identity;
 
-/* ---- CUDA backend for the engine ---- */
-
-/* Loads the runtime for PINSHIM_CONTEXT=create, once. */
-static bool create_mode_runtime_ready(void)
-{
-    int state = __atomic_load_n(&cuda_state, __ATOMIC_ACQUIRE);
-    if (state != CUDA_NOT_TRIED)
-        return state == CUDA_READY;
-    pthread_mutex_lock(&cuda_load_mutex);
-    state = __atomic_load_n(&cuda_state, __ATOMIC_ACQUIRE);
-    if (state == CUDA_NOT_TRIED) {
-        runtime_guard_enter();
-        bool ok = cuda_runtime_load(&cuda, runtime_config.cudart);
-        runtime_guard_leave();
-        if (ok) {
-            state = CUDA_READY;
-            cuda_used_here = true;
-            log_info("using CUDA runtime %s%s", cuda.path,
-                     cuda.shared_with_program ? " (already loaded by the program)" : "");
-            for (size_t i = 0; i < cuda.try_count; i++)
-                log_info("passed over %s: %s", cuda.tries[i].name, cuda.tries[i].result);
-        } else {
-            state = CUDA_DISABLED;
-            log_warn("%s; continuing with mlock only", cuda.error);
-        }
-        __atomic_store_n(&cuda_state, state, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&cuda_load_mutex);
-    return state == CUDA_READY;
-}
-
-static enum engine_choice backend_choose_place(void *context, bool from_worker,
-                                               const struct range_place *hint,
-                                               struct range_place *place)
-{
-    (void)context;
-    *place = (struct range_place){.device = -1};
-    if (!runtime_config.register_enabled)
-        return ENGINE_PLACE_DISABLED;
-    if (is_fork_child && parent_used_cuda) {
-        /* CUDA cannot be used in a child of a process that initialised it. */
-        if (cuda_disabled_reason == NULL) {
-            cuda_disabled_reason = "forked from a process that had initialised CUDA";
-            log_info("%s: locks in this child stay mlocked only", cuda_disabled_reason);
-        }
-        return ENGINE_PLACE_DISABLED;
-    }
-    if (runtime_config.context_mode == CONTEXT_CREATE) {
-        if (!create_mode_runtime_ready())
-            return ENGINE_PLACE_DISABLED;
-        place->device = runtime_config.device;
-        if (hint != NULL && hint->device >= 0)
-            place->device = hint->device;
-        if (place->device < 0 && !from_worker && cuda.get_device != NULL) {
-            /* PINSHIM_DEVICE=thread: the locking thread's device, also when
-             * the registration thread makes the call. */
-            int device = -1;
-            runtime_guard_enter();
-            if (cuda.get_device(&device) == 0)
-                place->device = device;
-            else
-                cuda_runtime_clear_last_error(&cuda);
-            runtime_guard_leave();
-        }
-        return ENGINE_PLACE_READY;
-    }
-    runtime_guard_enter();
-    enum engine_choice choice =
-        cuda_driver_choose_place(&driver, from_worker, hint, &preferred_device, place);
-    runtime_guard_leave();
-    if (choice == ENGINE_PLACE_READY && !cuda_used_here) {
-        cuda_used_here = true;
-        log_info("registering into the program's CUDA context (device %d) through %s",
-                 place->device, driver.path);
-    }
-    return choice;
-}
-
-/* PINSHIM_CONTEXT=create: the runtime's call on the calling thread, on the
- * device asked for (switched to and back). Counts the contexts it created,
- * as far as the driver can tell. */
-static int create_mode_register(struct range_place *place, void *base, size_t length)
-{
-    int previous = -1, device = place->device;
-    if (cuda.get_device != NULL && cuda.get_device(&previous) != 0) {
-        cuda_runtime_clear_last_error(&cuda);
-        previous = -1;
-    }
-    bool switch_device = device >= 0 && previous != device && cuda.set_device != NULL;
-    if (device < 0)
-        device = previous;
-    bool driver_there = cuda_driver_find(&driver);
-    unsigned flags = 0;
-    int active = 0;
-    bool was_active = driver_there && device >= 0 &&
-                      driver.primary_get_state(device, &flags, &active) == 0 && active;
-    if (switch_device && cuda.set_device(device) != 0) {
-        cuda_runtime_clear_last_error(&cuda);
-        switch_device = false;
-    }
-    int error = cuda.host_register(base, length, place->register_flags);
-    if (error != 0)
-        cuda_runtime_clear_last_error(&cuda);
-    active = 0;
-    if (!was_active && device >= 0 && cuda_driver_find(&driver) &&
-        driver.primary_get_state(device, &flags, &active) == 0 && active)
-        __atomic_fetch_add(&contexts_created, 1, __ATOMIC_RELAXED);
-    if (switch_device && previous >= 0 && cuda.set_device(previous) != 0)
-        cuda_runtime_clear_last_error(&cuda);
-    place->device = device;
-    return error;
-}
-
-static int backend_register(void *context, struct range_place *place, void *base, size_t length)
-{
-    (void)context;
-    runtime_guard_enter();
-    int error;
-    if (runtime_config.context_mode == CONTEXT_CREATE)
-        error = create_mode_register(place, base, length);
-    else
-        error = cuda_driver_register(&driver, place, base, length, place->register_flags);
-    runtime_guard_leave();
-    return error;
-}
-
-static int backend_unregister(void *context, const struct range_place *place, void *base)
-{
-    (void)context;
-    runtime_guard_enter();
-    int error;
-    if (runtime_config.context_mode == CONTEXT_CREATE) {
-        error = cuda.host_unregister(base);
-        if (error != 0)
-            cuda_runtime_clear_last_error(&cuda);
-    } else {
-        error = cuda_driver_unregister(&driver, place, base);
-    }
-    runtime_guard_leave();
-    return error;
-}
-
-/* The calling thread's context, through the driver whichever the mode: the
- * program's runtime registers there. */
-static bool backend_thread_place(void *context, struct range_place *place)
-{
-    (void)context;
-    runtime_guard_enter();
-    bool known = cuda_driver_thread_place(&driver, place);
-    runtime_guard_leave();
-    return known;
-}
-
-static const char *backend_error_name(void *context, int error)
-{
-    (void)context;
-    if (runtime_config.context_mode == CONTEXT_PROGRAM) {
-        const char *name = cuda_driver_error_name(&driver, error);
-        if (name != NULL)
-            return name;
-    }
-    return cuda_error_name(cuda.loaded ? &cuda : NULL, error);
-}
-
-static const char *backend_call_name(void *context, bool unregister)
-{
-    (void)context;
-    if (runtime_config.context_mode == CONTEXT_PROGRAM)
-        return unregister ? "cuMemHostUnregister" : "cuMemHostRegister";
-    return unregister ? "cudaHostUnregister" : "cudaHostRegister";
-}
+/* ---- the engine's backend: GPU calls through the accelerator layer ---- */
 
 static bool backend_locked_parts(void *context, uintptr_t start, uintptr_t end,
                                  void (*found)(void *found_context, uintptr_t part_start,
@@ -303,40 +119,6 @@ static bool backend_mapping_kinds(void *context, uintptr_t start, uintptr_t end,
     return memory_map_kinds(start, end, forward_kind, &forward);
 }
 
-/* CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, asked once per
- * device: through the program's driver (program mode) or the runtime the
- * shim loaded (create mode). 0 unknown, 1 no, 2 yes. */
-static uint8_t read_only_support[ENGINE_MAX_DEVICES];
-
-static bool backend_read_only_supported(void *context, const struct range_place *place)
-{
-    (void)context;
-    int device = place->device >= 0 ? place->device : 0;
-    if (device >= ENGINE_MAX_DEVICES)
-        return false;
-    uint8_t known = __atomic_load_n(&read_only_support[device], __ATOMIC_RELAXED);
-    if (known != 0)
-        return known == 2;
-    int value = 0, error = -1;
-    runtime_guard_enter();
-    if (runtime_config.context_mode == CONTEXT_CREATE && cuda.device_get_attribute != NULL) {
-        error = cuda.device_get_attribute(
-            &value, CUDA_DRIVER_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, device);
-        if (error != 0)
-            cuda_runtime_clear_last_error(&cuda);
-    } else if (runtime_config.context_mode == CONTEXT_PROGRAM) {
-        error = cuda_driver_device_attribute(
-            &driver, CUDA_DRIVER_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, device, &value);
-    }
-    runtime_guard_leave();
-    bool supported = error == 0 && value != 0;
-    __atomic_store_n(&read_only_support[device], supported ? 2 : 1, __ATOMIC_RELAXED);
-    log_info("device %d %s READ_ONLY registrations (read-only memory %s)", device,
-             supported ? "takes" : "takes no",
-             supported ? "is registered so" : "stays mlocked only");
-    return supported;
-}
-
 static bool backend_is_mapped(void *context, uintptr_t start, uintptr_t end)
 {
     (void)context;
@@ -355,9 +137,9 @@ static void *registration_thread(void *unused)
 {
     (void)unused;
     prctl(PR_SET_NAME, "pinshim-reg", 0, 0, 0);
-    runtime_guard_enter();
+    reentry_guard_enter();
     engine_worker_run(&runtime_engine, WORKER_POLL_MAX_NANOSECONDS, false);
-    runtime_guard_leave();
+    reentry_guard_leave();
     return NULL;
 }
 
@@ -368,7 +150,7 @@ static void backend_wake_worker(void *context)
     sigset_t all, previous;
     sigfillset(&all);
     pthread_t thread;
-    runtime_guard_enter();
+    reentry_guard_enter();
     int error = pthread_attr_init(&attributes);
     if (error == 0) {
         pthread_sigmask(SIG_SETMASK, &all, &previous);
@@ -391,7 +173,7 @@ static void backend_wake_worker(void *context)
                      strerror(error));
         engine_worker_run(&runtime_engine, 0, true);
     }
-    runtime_guard_leave();
+    reentry_guard_leave();
 }
 
 /* PINSHIM_FORK=dontfork: children do not get registered pages at all. */
@@ -405,14 +187,112 @@ static void backend_registered(void *context, uintptr_t start, uintptr_t end, bo
     errno = saved_errno;
 }
 
-static const struct engine_backend cuda_backend = {
+/* Writes the process's vendor and its call into the counters, once a
+ * vendor is chosen, for the live record's readers (pinshim top). */
+static int vendor_noted;
+
+/* At exit, before the GPU runtimes end: the exit handlers run in the reverse
+ * order of their registration, and libraries' destructors (the runtimes'
+ * teardown among them) after every handler registered once the program was
+ * running, so the shim's last unregistrations meet a runtime still whole.
+ * Registered when a vendor is chosen, after the runtime has started (and
+ * registered its own teardown). The destructor does the rest. */
+static void unregister_before_runtimes_end(void)
+{
+    if (!runtime_is_initialized() || getpid() != process_id)
+        return;
+    int saved_errno = errno;
+    live_process_exiting();
+    engine_shutdown(&runtime_engine);
+    errno = saved_errno;
+}
+
+static void note_vendor(void)
+{
+    const struct vendor *vendor = accelerator_vendor();
+    if (vendor == NULL || __atomic_load_n(&vendor_noted, __ATOMIC_RELAXED) ||
+        __atomic_exchange_n(&vendor_noted, 1, __ATOMIC_RELAXED))
+        return;
+    struct engine_statistics *statistics = engine_stats(&runtime_engine);
+    snprintf(statistics->vendor, sizeof(statistics->vendor), "%s", vendor->name);
+    snprintf(statistics->register_call, sizeof(statistics->register_call), "%s",
+             vendor->call_name(false));
+    static int exit_handler_registered;
+    if (!__atomic_exchange_n(&exit_handler_registered, 1, __ATOMIC_RELAXED))
+        atexit(unregister_before_runtimes_end);
+}
+
+/* The GPU calls are the accelerator layer's, made with the reentrancy guard
+ * held: a runtime may allocate, map and lock memory. */
+static enum engine_choice backend_choose_place(void *context, bool from_worker,
+                                               const struct range_place *hint,
+                                               struct range_place *place)
+{
+    reentry_guard_enter();
+    enum engine_choice choice = accelerator_choose_place(context, from_worker, hint, place);
+    reentry_guard_leave();
+    note_vendor();
+    return choice;
+}
+
+static struct engine_result backend_register(void *context, struct range_place *place, void *base,
+                                             size_t length)
+{
+    reentry_guard_enter();
+    struct engine_result result = accelerator_register(context, place, base, length);
+    reentry_guard_leave();
+    return result;
+}
+
+static struct engine_result backend_unregister(void *context, const struct range_place *place,
+                                               void *base)
+{
+    reentry_guard_enter();
+    struct engine_result result = accelerator_unregister(context, place, base);
+    reentry_guard_leave();
+    return result;
+}
+
+static bool backend_thread_place(void *context, struct range_place *place)
+{
+    reentry_guard_enter();
+    bool known = accelerator_thread_place(context, place);
+    reentry_guard_leave();
+    note_vendor();
+    return known;
+}
+
+static bool backend_read_only_supported(void *context, const struct range_place *place)
+{
+    reentry_guard_enter();
+    bool supported = accelerator_read_only_supported(context, place);
+    reentry_guard_leave();
+    return supported;
+}
+
+static bool backend_page_nodes(void *context, uintptr_t start, uintptr_t end,
+                               struct numa_placement *out)
+{
+    (void)context;
+    return numa_placement_locate(start, end, runtime_page_size, out);
+}
+
+static int backend_device_node(void *context, const struct range_place *place)
+{
+    reentry_guard_enter();
+    int node = accelerator_device_node(context, place);
+    reentry_guard_leave();
+    return node;
+}
+
+static const struct engine_backend engine_backend_of_process = {
     .context = NULL,
     .choose_place = backend_choose_place,
     .register_range = backend_register,
     .unregister_range = backend_unregister,
     .thread_place = backend_thread_place,
-    .error_name = backend_error_name,
-    .call_name = backend_call_name,
+    .error_name = accelerator_error_name,
+    .call_name = accelerator_call_name,
     .locked_parts = backend_locked_parts,
     .resident_parts = backend_resident_parts,
     .is_mapped = backend_is_mapped,
@@ -421,21 +301,23 @@ static const struct engine_backend cuda_backend = {
     .mapping_bounds = backend_mapping_bounds,
     .wake_worker = backend_wake_worker,
     .registered = backend_registered,
+    .page_nodes = backend_page_nodes,
+    .device_node = backend_device_node,
 };
 
-/* Whether a CUDA driver is loaded in the process (found before, or now with
- * RTLD_NOLOAD: nothing is loaded to find out). */
-static bool driver_loaded(void)
+/* Whether a GPU runtime is loaded in the process (the loader's list: nothing
+ * is loaded to find out). */
+static bool runtime_loaded(void)
 {
-    runtime_guard_enter();
-    bool loaded = driver.found || cuda_driver_is_loaded();
-    runtime_guard_leave();
+    reentry_guard_enter();
+    bool loaded = accelerator_runtime_loaded();
+    reentry_guard_leave();
     return loaded;
 }
 
-void runtime_notice_cuda_slow(void)
+void runtime_notice_gpu_slow(void)
 {
-    if (runtime_config.context_mode != CONTEXT_PROGRAM || runtime_guarded())
+    if (runtime_config.context_mode != CONTEXT_PROGRAM || reentry_guarded())
         return;
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
@@ -446,10 +328,10 @@ void runtime_notice_cuda_slow(void)
                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
     int saved_errno = errno;
-    if (driver_loaded()) {
-        runtime_guard_enter();
+    if (runtime_loaded()) {
+        reentry_guard_enter();
         engine_worker_poke(&runtime_engine);
-        runtime_guard_leave();
+        reentry_guard_leave();
     }
     errno = saved_errno;
 }
@@ -469,10 +351,9 @@ static void before_fork(void)
 {
     if (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != INIT_DONE)
         return;
-    /* Never a call into the driver here: its own fork handlers ran first
-     * and may hold its locks. What the shim saw of it says enough. */
-    if (!cuda_used_here && runtime_config.context_mode == CONTEXT_PROGRAM && driver.found)
-        cuda_used_here = cuda_driver_seen_initialized(&driver);
+    /* Never a call into a runtime here: its own fork handlers ran first and
+     * may hold its locks. What the shim saw of it says enough. */
+    accelerator_before_fork();
     if (runtime_config.fork_mode == FORK_COPY && runtime_config.fork_warn_bytes != 0 &&
         engine_has_registrations(&runtime_engine)) {
         uint64_t live = engine_live_bytes(&runtime_engine);
@@ -499,22 +380,15 @@ static void after_fork_child(void)
     /* Linux does not pass memory locks to the child, and the parent's
      * registrations are not the child's to undo. */
     engine_reset_after_fork(&runtime_engine);
-    runtime_live_record_after_fork_child();
+    live_process_after_fork_child();
     is_fork_child = true;
     process_id = getpid();
-    if (cuda_used_here || cuda_state == CUDA_READY || cuda.loaded)
-        parent_used_cuda = true;
-    cuda_used_here = false;
-    if (cuda_state == CUDA_READY)
-        cuda_state = CUDA_NOT_TRIED;
-    pthread_mutex_init(&cuda_load_mutex, NULL);
-    cuda_driver_after_fork();
+    accelerator_after_fork_child();
+    vendor_noted = 0;
     loaded_objects_after_fork();
     fork_warned = 0;
     /* The thread that was choosing is gone: choose again at the next lock. */
-    int choosing = 1;
-    __atomic_compare_exchange_n(&runtime_block_extent_state, &choosing, 0, false, __ATOMIC_RELAXED,
-                                __ATOMIC_RELAXED);
+    block_extent_after_fork_child();
     /* mlockall(MCL_FUTURE) is not inherited across fork. */
     __atomic_store_n(&future_mappings_locked, 0, __ATOMIC_RELAXED);
 }
@@ -602,8 +476,19 @@ static void initialize(void)
         .asynchronous = runtime_config.asynchronous,
         .onfault = (enum engine_onfault)runtime_config.onfault,
         .page_size = runtime_page_size,
+        .numa = runtime_config.numa,
     };
-    if (!engine_init(&runtime_engine, &cuda_backend, &options))
+    /* NVTX loads the library NVTX_INJECTION64_PATH names: never in a
+     * setuid, setgid or capability-raising program. */
+    trace_configure(runtime_config.nvtx && !config_secure_execution());
+    accelerator_configure(&(struct accelerator_settings){
+        .register_enabled = runtime_config.register_enabled,
+        .create_mode = runtime_config.context_mode == CONTEXT_CREATE,
+        .vendor = (enum accelerator_vendor_choice)runtime_config.vendor,
+        .device = runtime_config.device,
+        .library = runtime_config.cudart,
+    });
+    if (!engine_init(&runtime_engine, &engine_backend_of_process, &options))
         log_warn("cannot map memory for the range registry; registration is off");
     engine_keep_gate_at(&runtime_engine, &runtime_free_gate);
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
@@ -621,9 +506,9 @@ void runtime_ensure_initialized(void)
     if (__atomic_compare_exchange_n(&init_state, &expected, INIT_RUNNING, false, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE)) {
         /* Calls the set-up itself makes (pthread_atfork, dlsym) bypass the shim. */
-        runtime_guard_enter();
+        reentry_guard_enter();
         initialize();
-        runtime_guard_leave();
+        reentry_guard_leave();
         __atomic_store_n(&init_state, INIT_DONE, __ATOMIC_RELEASE);
         return;
     }
@@ -635,6 +520,12 @@ void runtime_ensure_initialized(void)
 bool runtime_is_fork_child(void)
 {
     return is_fork_child;
+}
+
+void runtime_live_record_start(void)
+{
+    if (runtime_is_initialized())
+        live_process_start(&runtime_config, &runtime_engine, is_fork_child);
 }
 
 bool runtime_is_initialized(void)
@@ -684,29 +575,46 @@ static void fill_report(struct stats_report *report)
     ssize_t n = readlink("/proc/self/exe", report->exe, sizeof(report->exe) - 1);
     report->exe[n > 0 ? n : 0] = '\0';
     report->config = &runtime_config;
-    report->cudart_loaded = cuda.loaded;
-    report->cudart_usable = cuda.usable && cuda_state == CUDA_READY;
-    report->cudart_shared = cuda.shared_with_program;
-    report->cudart_path = cuda.loaded ? cuda.path : NULL;
-    if (cuda.error[0] != '\0')
-        report->cudart_error = cuda.error;
-    else if (cuda_disabled_reason != NULL)
-        report->cudart_error = cuda_disabled_reason;
-    else if (!runtime_config.register_enabled)
-        report->cudart_error = "PINSHIM_REGISTER is off";
-    report->cudart_try_count = cuda.try_count < STATS_MAX_TRIES ? cuda.try_count : STATS_MAX_TRIES;
-    for (size_t i = 0; i < report->cudart_try_count; i++) {
-        report->cudart_tries[i].name = cuda.tries[i].name;
-        report->cudart_tries[i].result = cuda.tries[i].result;
+    struct accelerator_description accelerator;
+    accelerator_describe(&accelerator);
+    const struct vendor_description *described = &accelerator.vendor_description;
+    if (accelerator.vendor != NULL) {
+        report->vendor = accelerator.vendor->name;
+        report->vendor_title = accelerator.vendor->title;
+        report->register_call = accelerator.vendor->call_name(false);
+        report->unregister_call = accelerator.vendor->call_name(true);
     }
-    if (runtime_config.context_mode == CONTEXT_PROGRAM && cuda_used_here && driver.found)
-        report->driver_path = driver.path;
-    report->contexts_created = __atomic_load_n(&contexts_created, __ATOMIC_RELAXED);
+    if (runtime_config.context_mode == CONTEXT_CREATE) {
+        report->runtime_loaded = described->library != NULL;
+        report->runtime_usable = accelerator.vendor != NULL;
+        report->runtime_shared = described->shared_with_program;
+        report->runtime_path = described->library;
+        report->contexts_created = described->contexts_created;
+        report->runtime_try_count = described->try_count;
+        for (size_t i = 0; i < described->try_count && i < STATS_MAX_TRIES; i++) {
+            report->runtime_tries[i].name = described->tries[i].name;
+            report->runtime_tries[i].result = described->tries[i].result;
+        }
+        if (accelerator.vendor == NULL && accelerator.create_error[0] != '\0')
+            snprintf(report->runtime_error_text, sizeof(report->runtime_error_text), "%s",
+                     accelerator.create_error);
+        else if (described->error != NULL)
+            snprintf(report->runtime_error_text, sizeof(report->runtime_error_text), "%s",
+                     described->error);
+    } else {
+        report->driver_path = described->library;
+    }
+    if (report->runtime_error_text[0] != '\0')
+        report->runtime_error = report->runtime_error_text;
+    else if (accelerator.disabled_reason != NULL)
+        report->runtime_error = accelerator.disabled_reason;
+    else if (!runtime_config.register_enabled)
+        report->runtime_error = "PINSHIM_REGISTER is off";
     struct engine *engine = &runtime_engine;
     engine_get_counters(engine, &report->counters);
     pthread_mutex_lock(&engine->mutex);
     report->skipped_disabled = engine_stats(engine)->skipped_disabled;
-    report->skipped_cuda_library = engine_stats(engine)->skipped_cuda_library;
+    report->skipped_runtime_library = engine_stats(engine)->skipped_runtime_library;
     report->registered_by_pieces = engine_stats(engine)->registered_by_pieces;
     report->read_only_registrations = engine_stats(engine)->read_only_registrations;
     report->skipped_read_only_unsupported = engine_stats(engine)->skipped_read_only_unsupported;
@@ -733,6 +641,15 @@ static void fill_report(struct stats_report *report)
     report->program_handed_over = engine_stats(engine)->program_handed_over;
     report->program_kept = engine_stats(engine)->program_kept;
     report->gone_with_context = engine_stats(engine)->gone_with_context;
+    report->numa = engine->options.numa;
+    for (size_t node = 0; node < NUMA_PLACEMENT_MAX_NODES; node++) {
+        report->numa_nodes[node].bytes = engine_stats(engine)->numa_nodes[node].bytes;
+        report->numa_nodes[node].local_bytes = engine_stats(engine)->numa_nodes[node].local_bytes;
+    }
+    report->numa_remote_bytes = engine_stats(engine)->numa_remote_bytes;
+    report->numa_unknown_bytes = engine_stats(engine)->numa_unknown_bytes;
+    for (size_t i = 0; i < STATS_MAX_DEVICES && i < ENGINE_MAX_DEVICES; i++)
+        report->device_nodes[i] = engine_stats(engine)->device_nodes[i];
     pthread_mutex_unlock(&engine->mutex);
     struct engine_device_counts devices[STATS_MAX_DEVICES];
     report->device_count = engine_get_devices(engine, devices, STATS_MAX_DEVICES);
@@ -743,13 +660,13 @@ static void fill_report(struct stats_report *report)
     report->fork_child = is_fork_child;
     report->ended_by = ended_by_immediate_exit ? "_exit" : "exit";
     report->block_size_source = block_extent_source_name(
-        (enum block_extent_source)__atomic_load_n(&runtime_block_extent_source, __ATOMIC_RELAXED));
+        (enum block_extent_source)__atomic_load_n(&block_extent_chosen_source, __ATOMIC_RELAXED));
     struct engine_error_count errors[STATS_MAX_ERRORS];
     size_t count = engine_get_errors(&runtime_engine, errors, STATS_MAX_ERRORS);
     for (size_t i = 0; i < count; i++) {
         report->errors[i].code = errors[i].code;
         report->errors[i].count = errors[i].count;
-        report->errors[i].name = backend_error_name(NULL, errors[i].code);
+        report->errors[i].name = accelerator_error_name(NULL, errors[i].code);
     }
     report->error_count = count;
 }
@@ -797,19 +714,19 @@ static bool write_stats(void)
 
 void runtime_before_immediate_exit(void)
 {
-    bool live = __atomic_load_n(&runtime_live_state, __ATOMIC_ACQUIRE) != 0;
+    bool live = __atomic_load_n(&live_process_state, __ATOMIC_ACQUIRE) != 0;
     if (!runtime_is_initialized() || (runtime_config.stats_mode == STATS_NONE && !live) ||
-        runtime_guarded() || getpid() != process_id)
+        reentry_guarded() || getpid() != process_id)
         return;
     int saved_errno = errno;
-    runtime_guard_enter();
+    reentry_guard_enter();
     bool kept = false;
     if (engine_note_immediate_exit(&runtime_engine)) {
         ended_by_immediate_exit = true;
         kept = write_stats();
     }
-    runtime_live_record_finish("_exit", kept);
-    runtime_guard_leave();
+    live_process_finish("_exit", kept, runtime_config.stats_mode == STATS_JSON);
+    reentry_guard_leave();
     errno = saved_errno;
 }
 
@@ -825,10 +742,13 @@ __attribute__((destructor)) static void runtime_destructor(void)
     int saved_errno = errno;
     /* The kernel drops every pin at exit; unregistering first keeps the
      * runtime's view clean when it is still alive, and is counted when it is not. */
-    runtime_live_record_exiting();
+    live_process_exiting();
+    reentry_guard_enter();
+    accelerator_process_exiting();
+    reentry_guard_leave();
     engine_shutdown(&runtime_engine);
     bool kept = write_stats();
-    runtime_live_record_finish("exit", kept);
+    live_process_finish("exit", kept, runtime_config.stats_mode == STATS_JSON);
     errno = saved_errno;
 }
 
@@ -848,10 +768,10 @@ PINSHIM_EXPORT int pinshim_is_registered(const void *ptr)
 
 PINSHIM_EXPORT size_t pinshim_drain(void)
 {
-    if (!runtime_is_initialized() || runtime_guarded())
+    if (!runtime_is_initialized() || reentry_guarded())
         return 0;
     bool look = engine_has_pending(&runtime_engine) &&
-                runtime_config.context_mode == CONTEXT_PROGRAM && driver_loaded();
+                runtime_config.context_mode == CONTEXT_PROGRAM && runtime_loaded();
     return engine_drain(&runtime_engine, look);
 }
 

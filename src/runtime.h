@@ -4,7 +4,9 @@
 #define PINSHIM_RUNTIME_H
 
 #include "engine.h"
+#include "live_process.h"
 #include "options.h"
+#include "reentry_guard.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -12,33 +14,10 @@
 
 #define PINSHIM_INTERNAL __attribute__((visibility("hidden")))
 
-/* Depth of the shim's own calls into the CUDA runtime and dlopen on this
- * thread: calls made meanwhile go straight to the real functions. */
-extern __thread int runtime_guard_depth __attribute__((tls_model("initial-exec")));
-
-static inline bool runtime_guarded(void)
-{
-    return runtime_guard_depth != 0;
-}
-static inline void runtime_guard_enter(void)
-{
-    runtime_guard_depth++;
-}
-static inline void runtime_guard_leave(void)
-{
-    runtime_guard_depth--;
-}
-
 extern struct engine runtime_engine PINSHIM_INTERNAL;
 /* The engine's free gate (struct engine_free_view), kept in a variable of its
  * own: free compares against it without first forming the engine's address. */
 extern uintptr_t runtime_free_gate PINSHIM_INTERNAL;
-/* Where free and realloc learn a block's end (enum block_extent_source): set
- * once by the interposition layer at the first lock that may register, read
- * on the hot path. runtime_block_extent_state: 0 not chosen, 1 being chosen,
- * 2 chosen (a fork child whose parent was choosing starts again at 0). */
-extern int runtime_block_extent_source;
-extern int runtime_block_extent_state;
 /* Whether mlockall(MCL_FUTURE) without MCL_ONFAULT is in effect: every new
  * mapping is then locked and faulted in at once. */
 bool runtime_future_mappings_locked(void);
@@ -59,24 +38,16 @@ size_t runtime_rounding_threshold(void);
 void runtime_note_mlockall(int flags, int result);
 void runtime_note_munlockall(int result);
 
-/* The live record (runtime_live.c): made at the process's first lock call,
- * which runtime_count_lock_call counts (one relaxed load after that). */
-extern int runtime_live_state;
+/* The live record (live_process.h): made at the process's first lock call
+ * (mlock, mlock2, MAP_LOCKED, mlockall, a lock made by a runtime itself);
+ * one relaxed load after. */
 void runtime_live_record_start(void);
-void runtime_live_record_exiting(void);
-/* At a clean end (ended_by "exit" or "_exit"); statistics_kept: the JSON
- * statistics file was written. */
-void runtime_live_record_finish(const char *ended_by, bool statistics_kept);
-void runtime_live_record_after_fork_child(void);
-bool runtime_is_fork_child(void);
-
-/* Makes the live record at the process's first lock call (mlock, mlock2,
- * MAP_LOCKED, mlockall, a lock made by CUDA itself); one relaxed load after. */
 static inline void runtime_live_record_start_once(void)
 {
-    if (__builtin_expect(__atomic_load_n(&runtime_live_state, __ATOMIC_RELAXED) == 0, 0))
+    if (__builtin_expect(__atomic_load_n(&live_process_state, __ATOMIC_RELAXED) == 0, 0))
         runtime_live_record_start();
 }
+bool runtime_is_fork_child(void);
 
 /* Counts a lock call and, at the first, makes the live record. */
 static inline void runtime_count_lock_call(void)
@@ -92,15 +63,15 @@ static inline void runtime_count_lock_call(void)
  * shares the parent's memory) nor when the shim's lock is held. */
 void runtime_before_immediate_exit(void);
 
-/* Locked ranges wait for the program's CUDA context (PINSHIM_CONTEXT=program):
- * at most every 10 ms, a shim call checks whether a CUDA driver is loaded now
- * and, if so, wakes the registration thread to look for a context. One load
- * when nothing waits. */
-void runtime_notice_cuda_slow(void);
-static inline void runtime_notice_cuda(void)
+/* Locked ranges wait for the program to start its GPU runtime
+ * (PINSHIM_CONTEXT=program): at most every 10 ms, a shim call checks whether
+ * a runtime is loaded now and, if so, wakes the registration thread to look
+ * for a context. One load when nothing waits. */
+void runtime_notice_gpu_slow(void);
+static inline void runtime_notice_gpu(void)
 {
     if (__builtin_expect(engine_has_pending(&runtime_engine), 0))
-        runtime_notice_cuda_slow();
+        runtime_notice_gpu_slow();
 }
 
 #endif

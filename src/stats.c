@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -105,6 +106,8 @@ static double seconds(uint64_t nanoseconds)
     return (double)nanoseconds / 1e9;
 }
 
+static void write_numa_json(struct out_buffer *out, const struct stats_report *report);
+
 bool stats_write_json(int fd, const struct stats_report *report)
 {
     struct out_buffer out = {.fd = fd};
@@ -142,17 +145,17 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_format(&out,
                "},\n \"cudart\": {\"loaded\": %s, \"usable\": %s, \"shared_with_program\": %s, "
                "\"path\": ",
-               report->cudart_loaded ? "true" : "false", report->cudart_usable ? "true" : "false",
-               report->cudart_shared ? "true" : "false");
-    out_json_string(&out, report->cudart_path);
+               report->runtime_loaded ? "true" : "false", report->runtime_usable ? "true" : "false",
+               report->runtime_shared ? "true" : "false");
+    out_json_string(&out, report->runtime_path);
     out_text(&out, ", \"error\": ");
-    out_json_string(&out, report->cudart_error);
+    out_json_string(&out, report->runtime_error);
     out_text(&out, ", \"passed_over\": [");
-    for (size_t i = 0; i < report->cudart_try_count; i++) {
+    for (size_t i = 0; i < report->runtime_try_count; i++) {
         out_text(&out, i ? ", {\"runtime\": " : "{\"runtime\": ");
-        out_json_string(&out, report->cudart_tries[i].name);
+        out_json_string(&out, report->runtime_tries[i].name);
         out_text(&out, ", \"why\": ");
-        out_json_string(&out, report->cudart_tries[i].result);
+        out_json_string(&out, report->runtime_tries[i].result);
         out_text(&out, "}");
     }
     out_text(&out, "]");
@@ -164,6 +167,17 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_text(&out, ", \"driver\": ");
     out_json_string(&out, report->driver_path);
     out_format(&out, ", \"contexts_created\": %llu}", (unsigned long long)report->contexts_created);
+    out_text(&out, ",\n \"accelerator\": {\"vendor\": ");
+    out_json_string(&out, report->vendor);
+    out_text(&out, ", \"title\": ");
+    out_json_string(&out, report->vendor_title);
+    out_text(&out, ", \"register_call\": ");
+    out_json_string(&out, report->register_call);
+    out_text(&out, ", \"unregister_call\": ");
+    out_json_string(&out, report->unregister_call);
+    out_text(&out, ", \"library\": ");
+    out_json_string(&out, report->driver_path != NULL ? report->driver_path : report->runtime_path);
+    out_text(&out, "}");
     out_text(&out, ",\n \"devices\": [");
     bool first_device = true;
     for (size_t i = 0; i < report->device_count; i++) {
@@ -176,6 +190,8 @@ bool stats_write_json(int fd, const struct stats_report *report)
         first_device = false;
     }
     out_text(&out, "]");
+    if (report->numa)
+        write_numa_json(&out, report);
 
     out_text(&out, ",\n \"register\": {");
     out_key_u64(&out, "ok", c->register_ok, false);
@@ -183,7 +199,7 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_key_u64(&out, "already_registered", c->register_already_registered, false);
     out_key_u64(&out, "skipped_small", c->register_skipped_small, false);
     out_key_u64(&out, "skipped_no_runtime", report->skipped_disabled, false);
-    out_key_u64(&out, "skipped_cuda_library", report->skipped_cuda_library, false);
+    out_key_u64(&out, "skipped_runtime_library", report->skipped_runtime_library, false);
     out_key_u64(&out, "by_pieces", report->registered_by_pieces, false);
     out_key_u64(&out, "read_only", report->read_only_registrations, false);
     out_key_u64(&out, "skipped_read_only_unsupported", report->skipped_read_only_unsupported,
@@ -255,19 +271,52 @@ bool stats_write_json(int fd, const struct stats_report *report)
     return !out.failed;
 }
 
-static void human_bytes(uint64_t bytes, char *out, size_t out_size)
+/* "numa": bytes registered by node (and local to their device), remote and
+ * unknown bytes, the node of each device used. */
+static void write_numa_json(struct out_buffer *out, const struct stats_report *report)
 {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double value = (double)bytes;
-    int unit = 0;
-    while (value >= 1024 && unit < 4) {
-        value /= 1024;
-        unit++;
+    out_text(out, ",\n \"numa\": {\"nodes\": {");
+    bool first = true;
+    for (int node = 0; node < NUMA_PLACEMENT_MAX_NODES; node++) {
+        if (report->numa_nodes[node].bytes == 0)
+            continue;
+        out_format(out, "%s\"%d\": {\"bytes\": %llu, \"local_bytes\": %llu}", first ? "" : ", ",
+                   node, (unsigned long long)report->numa_nodes[node].bytes,
+                   (unsigned long long)report->numa_nodes[node].local_bytes);
+        first = false;
     }
-    if (unit == 0)
-        snprintf(out, out_size, "%llu B", (unsigned long long)bytes);
-    else
-        snprintf(out, out_size, "%.1f %s", value, units[unit]);
+    out_format(out, "}, \"remote_bytes\": %llu, \"unknown_bytes\": %llu, \"device_nodes\": {",
+               (unsigned long long)report->numa_remote_bytes,
+               (unsigned long long)report->numa_unknown_bytes);
+    first = true;
+    for (size_t i = 0; i < report->device_count; i++) {
+        if (report->devices[i].registrations == 0)
+            continue;
+        out_format(out, "%s\"%zu\": %d", first ? "" : ", ", i, report->device_nodes[i]);
+        first = false;
+    }
+    out_text(out, "}}");
+}
+
+/* "pinshim:   numa: node 0 12.0 MiB (12.0 MiB local), node 1 4.0 MiB (0 B
+ * local); remote 4.0 MiB, node unknown 0 B" */
+static void write_numa_text(struct out_buffer *out, const struct stats_report *report)
+{
+    out_text(out, "pinshim:   numa:");
+    bool any = false;
+    for (int node = 0; node < NUMA_PLACEMENT_MAX_NODES; node++) {
+        if (report->numa_nodes[node].bytes == 0)
+            continue;
+        char bytes[32], local[32];
+        log_format_bytes(report->numa_nodes[node].bytes, bytes, sizeof(bytes));
+        log_format_bytes(report->numa_nodes[node].local_bytes, local, sizeof(local));
+        out_format(out, "%s node %d %s (%s local)", any ? "," : "", node, bytes, local);
+        any = true;
+    }
+    char remote[32], unknown[32];
+    log_format_bytes(report->numa_remote_bytes, remote, sizeof(remote));
+    log_format_bytes(report->numa_unknown_bytes, unknown, sizeof(unknown));
+    out_format(out, "%s remote %s, node unknown %s\n", any ? ";" : "", remote, unknown);
 }
 
 bool stats_write_text(int fd, const struct stats_report *report)
@@ -275,9 +324,9 @@ bool stats_write_text(int fd, const struct stats_report *report)
     struct out_buffer out = {.fd = fd};
     const struct pinshim_counters *c = &report->counters;
     char registered[32], live[32], peak[32];
-    human_bytes(c->register_bytes, registered, sizeof(registered));
-    human_bytes(report->live_bytes_at_exit, live, sizeof(live));
-    human_bytes(c->peak_bytes, peak, sizeof(peak));
+    log_format_bytes(c->register_bytes, registered, sizeof(registered));
+    log_format_bytes(report->live_bytes_at_exit, live, sizeof(live));
+    log_format_bytes(c->peak_bytes, peak, sizeof(peak));
     /* The first line stands alone in a job log of many processes. */
     out_format(&out,
                "pinshim: pid %ld on %s: registered %llu (%s in %.3f s), unregistered %llu, "
@@ -288,23 +337,28 @@ bool stats_write_text(int fd, const struct stats_report *report)
                (unsigned long long)report->live_ranges_at_exit, live);
     bool program_mode = report->config->context_mode == CONTEXT_PROGRAM;
     if (program_mode && report->driver_path != NULL)
-        out_format(&out, "pinshim:   context: the program's, through %s\n", report->driver_path);
-    else if (program_mode && report->cudart_error != NULL)
-        out_format(&out, "pinshim:   context: none used: %s\n", report->cudart_error);
+        out_format(&out, "pinshim:   context: the program's %s, through %s (%s)\n",
+                   report->vendor_title != NULL ? report->vendor_title : "runtime",
+                   report->driver_path,
+                   report->register_call != NULL ? report->register_call : "?");
+    else if (program_mode && report->runtime_error != NULL)
+        out_format(&out, "pinshim:   context: none used: %s\n", report->runtime_error);
     else if (program_mode)
         out_text(&out, "pinshim:   context: the program's; the program never had one while "
                        "the shim looked\n");
-    else if (report->cudart_usable)
-        out_format(&out, "pinshim:   runtime %s%s; %llu context(s) created by the shim\n",
-                   report->cudart_path, report->cudart_shared ? " (shared with the program)" : "",
+    else if (report->runtime_usable)
+        out_format(&out, "pinshim:   runtime %s%s (%s, %s); %llu context(s) created by the shim\n",
+                   report->runtime_path, report->runtime_shared ? " (shared with the program)" : "",
+                   report->vendor_title != NULL ? report->vendor_title : "?",
+                   report->register_call != NULL ? report->register_call : "?",
                    (unsigned long long)report->contexts_created);
-    else if (report->cudart_error != NULL)
-        out_format(&out, "pinshim:   runtime not used: %s\n", report->cudart_error);
+    else if (report->runtime_error != NULL)
+        out_format(&out, "pinshim:   runtime not used: %s\n", report->runtime_error);
     else
         out_text(&out, "pinshim:   runtime not loaded (no lock reached PINSHIM_MIN_BYTES)\n");
     if (report->deferred_total != 0 || report->pending_ranges_at_exit != 0) {
         char pending[32];
-        human_bytes(report->pending_bytes_at_exit, pending, sizeof(pending));
+        log_format_bytes(report->pending_bytes_at_exit, pending, sizeof(pending));
         out_format(&out,
                    "pinshim:   deferred %llu range(s) until the program had a context: %llu "
                    "registered later, %llu released first, %llu (%s) still waiting at exit\n",
@@ -327,12 +381,14 @@ bool stats_write_text(int fd, const struct stats_report *report)
             if (report->devices[i].registrations == 0)
                 continue;
             char bytes[32];
-            human_bytes(report->devices[i].bytes, bytes, sizeof(bytes));
+            log_format_bytes(report->devices[i].bytes, bytes, sizeof(bytes));
             out_format(&out, " %zu: %llu (%s)", i,
                        (unsigned long long)report->devices[i].registrations, bytes);
         }
         out_text(&out, "\n");
     }
+    if (report->numa && c->register_bytes != 0)
+        write_numa_text(&out, report);
     if (c->program_registrations != 0 || c->unregister_program != 0)
         out_format(&out,
                    "pinshim:   program: registered %llu range(s) itself (%llu handed over by the "
@@ -352,7 +408,7 @@ bool stats_write_text(int fd, const struct stats_report *report)
                (unsigned long long)c->register_skipped_small,
                (unsigned long long)report->skipped_disabled,
                (unsigned long long)report->skipped_onfault_pages, peak);
-    if (report->registered_by_pieces != 0 || report->skipped_cuda_library != 0)
+    if (report->registered_by_pieces != 0 || report->skipped_runtime_library != 0)
         out_format(&out,
                    "pinshim:   mappings: %llu range(s) registered piece by piece, %llu piece(s) "
                    "READ_ONLY; left out: %llu read-only (no READ_ONLY support), %llu I/O, %llu "
@@ -364,11 +420,11 @@ bool stats_write_text(int fd, const struct stats_report *report)
                    (unsigned long long)report->skipped_no_access,
                    (unsigned long long)report->skipped_shared_file,
                    (unsigned long long)report->skipped_unmapped,
-                   (unsigned long long)report->skipped_cuda_library);
+                   (unsigned long long)report->skipped_runtime_library);
     out_format(
         &out,
         "pinshim:   unregister by munlock %llu, free %llu, realloc %llu, munmap %llu, "
-        "mremap %llu, mmap_fixed %llu, mprotect %llu, exit %llu (%llu after CUDA "
+        "mremap %llu, mmap_fixed %llu, mprotect %llu, exit %llu (%llu after the runtime "
         "unloaded), %llu found gone\n",
         (unsigned long long)c->unregister_munlock, (unsigned long long)c->unregister_free,
         (unsigned long long)c->unregister_realloc, (unsigned long long)c->unregister_munmap,
@@ -442,7 +498,9 @@ static void system_random_fill(void *context, unsigned char *out, size_t length)
     (void)context;
     size_t got = 0;
     while (got < length) {
-        ssize_t n = getrandom(out + got, length - got, GRND_NONBLOCK);
+        /* The system call, not glibc's getrandom(), which came in 2.25: the
+         * wheels are built for glibc 2.17 (scripts/build-dist). */
+        long n = syscall(SYS_getrandom, out + got, length - got, GRND_NONBLOCK);
         if (n <= 0) {
             if (n < 0 && errno == EINTR)
                 continue;

@@ -3,6 +3,7 @@
 #ifndef PINSHIM_STATS_H
 #define PINSHIM_STATS_H
 
+#include "numa_placement.h"
 #include "options.h"
 
 #include "pinshim.h"
@@ -20,21 +21,27 @@ struct stats_report {
     char host[256];
     char exe[1024];
     const struct pinshim_config *config;
-    bool cudart_loaded;
-    bool cudart_usable;
-    bool cudart_shared;
-    const char *cudart_path;  /* NULL when nothing was loaded */
-    const char *cudart_error; /* NULL when it loaded fine or was never needed */
-    size_t cudart_try_count;  /* runtimes passed over before the one used, and why */
+    /* The GPU vendor used, and the calls it registered and unregistered
+     * with; NULL when none was. */
+    const char *vendor, *vendor_title, *register_call, *unregister_call;
+    /* Create mode: the runtime the shim loaded (the JSON's "cudart" object,
+     * named when CUDA was the only vendor). */
+    bool runtime_loaded;
+    bool runtime_usable;
+    bool runtime_shared;
+    const char *runtime_path;  /* NULL when nothing was loaded */
+    const char *runtime_error; /* why none is used; NULL when fine or never needed */
+    char runtime_error_text[512];
+    size_t runtime_try_count; /* runtimes passed over before the one used, and why */
     struct {
         const char *name;
         const char *result;
-    } cudart_tries[STATS_MAX_TRIES];
-    const char *driver_path;   /* the program's libcuda.so.1, when the shim used it */
+    } runtime_tries[STATS_MAX_TRIES];
+    const char *driver_path;   /* program mode: the runtime or driver the shim used */
     uint64_t contexts_created; /* by the shim (PINSHIM_CONTEXT=create only) */
     struct pinshim_counters counters;
     uint64_t skipped_disabled;
-    uint64_t skipped_cuda_library;
+    uint64_t skipped_runtime_library;
     /* Ranges registered piece by piece for their mappings: pieces registered
      * READ_ONLY, pieces left out by reason. */
     uint64_t registered_by_pieces, read_only_registrations;
@@ -45,7 +52,7 @@ struct stats_report {
     uint64_t exit_unloading;
     uint64_t live_ranges_at_exit;
     uint64_t live_bytes_at_exit;
-    /* Ranges that waited for the program's CUDA context. */
+    /* Ranges that waited for the program to start its GPU runtime. */
     uint64_t deferred_total, deferred_registered, deferred_dropped;
     uint64_t pending_ranges_at_exit, pending_bytes_at_exit;
     /* The registration thread. */
@@ -58,6 +65,15 @@ struct stats_report {
     struct {
         uint64_t registrations, bytes;
     } devices[STATS_MAX_DEVICES];
+    /* NUMA placement (PINSHIM_NUMA): numa false when off. Bytes registered
+     * by node (and local to their device), remote and unknown bytes, each
+     * used device's node (-1: unknown). */
+    bool numa;
+    struct {
+        uint64_t bytes, local_bytes;
+    } numa_nodes[NUMA_PLACEMENT_MAX_NODES];
+    uint64_t numa_remote_bytes, numa_unknown_bytes;
+    int device_nodes[STATS_MAX_DEVICES];
     bool fork_child;
     const char *ended_by;          /* "exit", or "_exit" (no exit handlers ran); NULL: not said */
     uint64_t warnings;             /* warnings the shim raised in this process (log.h) */

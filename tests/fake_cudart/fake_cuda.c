@@ -17,6 +17,7 @@
 #include "fake_cuda.h"
 #include "fake_line.h"
 #include "procmap_query.h"
+#include "smaps_locked.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -25,6 +26,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -62,6 +64,8 @@ struct fake_config {
     bool read_only_register[FAKE_CUDA_MAX_DEVICES];
     /* CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES (ATS). */
     bool host_page_tables;
+    /* CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, per device (-1: no NUMA). */
+    int host_numa_id[FAKE_CUDA_MAX_DEVICES];
     /* Whether pins are long-term (FOLL_LONGTERM): the open kernel modules on
      * x86 since 550.67; then kernels from 6.5 refuse writable shared file
      * mappings that need dirty tracking. */
@@ -255,6 +259,23 @@ static void load_read_only_register(const char *text)
     }
 }
 
+/* "0", "-1", or one node per device ("0,1,1"; the last one repeats). */
+static void load_host_numa_id(const char *text)
+{
+    int value = 0;
+    for (unsigned device = 0; device < FAKE_CUDA_MAX_DEVICES; device++) {
+        if (text != NULL && *text != '\0') {
+            char *end = NULL;
+            long parsed = strtol(text, &end, 10);
+            if (end != text) {
+                value = (int)parsed;
+                text = *end == ',' ? end + 1 : end;
+            }
+        }
+        config.host_numa_id[device] = value;
+    }
+}
+
 /* What the open kernel modules and the kernel do on this machine: long-term
  * pins on x86-64 (kernel-open/nvidia/os-mlock.c, FOLL_LONGTERM), and Linux
  * 6.5 or later refusing them on writable shared file mappings. */
@@ -296,6 +317,7 @@ static void load_config_locked(void)
         env_decimal("FAKE_CUDA_UNREGISTER_SECONDS_PER_GIB", config.register_seconds_per_gib / 10);
     config.driver_version = (int)env_unsigned("FAKE_CUDA_DRIVER_VERSION", 13000);
     load_read_only_register(env_text("FAKE_CUDA_READ_ONLY_REGISTER"));
+    load_host_numa_id(env_text("FAKE_CUDA_HOST_NUMA"));
     config.host_page_tables = env_unsigned("FAKE_CUDA_HOST_PAGE_TABLES", 0) != 0;
     const char *longterm = env_text("FAKE_CUDA_LONGTERM_PINS");
     config.longterm_pins = longterm == NULL || strcmp(longterm, "auto") == 0
@@ -949,152 +971,7 @@ static size_t registrations_drop_context_locked(uint32_t serial)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Invariant checks against /proc/self/smaps, streamed through a stack      */
-/* buffer: smaps can be megabytes and we may not allocate.                  */
-
-struct line_reader {
-    int fd;
-    bool at_eof;
-    bool discarding; /* skipping the rest of an over-long line */
-    size_t start;
-    size_t end;
-    char buffer[4096];
-};
-
-/* The next line without its newline, or NULL at end of file. An over-long
- * line is returned truncated (we only look at the start of lines). */
-static char *line_reader_next(struct line_reader *reader)
-{
-    for (;;) {
-        char *chunk = reader->buffer + reader->start;
-        char *newline = memchr(chunk, '\n', reader->end - reader->start);
-        if (newline) {
-            *newline = '\0';
-            reader->start = (size_t)(newline + 1 - reader->buffer);
-            if (reader->discarding) {
-                reader->discarding = false;
-                continue;
-            }
-            return chunk;
-        }
-        if (reader->discarding) {
-            reader->start = reader->end = 0;
-        } else if (reader->start > 0) {
-            memmove(reader->buffer, chunk, reader->end - reader->start);
-            reader->end -= reader->start;
-            reader->start = 0;
-        }
-        if (reader->end == sizeof reader->buffer - 1 || (reader->at_eof && reader->end > 0)) {
-            reader->buffer[reader->end] = '\0';
-            reader->discarding = !reader->at_eof;
-            reader->start = reader->end = 0;
-            return reader->buffer;
-        }
-        if (reader->at_eof)
-            return NULL;
-        ssize_t got =
-            read(reader->fd, reader->buffer + reader->end, sizeof reader->buffer - 1 - reader->end);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            reader->at_eof = true;
-        else
-            reader->end += (size_t)got;
-    }
-}
-
-static bool parse_hex(const char **cursor, uintptr_t *value)
-{
-    const char *text = *cursor;
-    uintptr_t result = 0;
-    int digits = 0;
-    for (;; text++, digits++) {
-        char c = *text;
-        unsigned digit;
-        if (c >= '0' && c <= '9')
-            digit = (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f')
-            digit = (unsigned)(c - 'a' + 10);
-        else
-            break;
-        result = result * 16 + digit;
-    }
-    *cursor = text;
-    *value = result;
-    return digits > 0;
-}
-
-/* "start-end perms ..." starts every VMA block; other lines start with a
- * capitalised key, never a lowercase hex digit. */
-static bool parse_vma_header(const char *line, uintptr_t *start, uintptr_t *end)
-{
-    return parse_hex(&line, start) && *line++ == '-' && parse_hex(&line, end) && *line == ' ';
-}
-
-/* Whether the VmFlags line (after "VmFlags:") names flag, two letters. */
-static bool vm_flags_has(const char *flags, const char *flag)
-{
-    for (const char *at = flags; (at = strstr(at, flag)) != NULL; at += 2) {
-        if (at > flags && at[-1] == ' ' && (at[2] == ' ' || at[2] == '\0'))
-            return true;
-    }
-    return false;
-}
-
-/* Locked, or a hugetlb mapping: mlock leaves VM_LOCKED off hugetlb VMAs
- * (mm/mlock.c), whose pages are never swapped out anyway. */
-static bool vm_flags_has_locked(const char *flags)
-{
-    return vm_flags_has(flags, "lo") || vm_flags_has(flags, "ht");
-}
-
-struct lock_check {
-    bool unmapped;
-    bool not_locked;
-};
-
-/* Is every page of [first_page, end_page) mapped, and is every VMA touching
- * it locked? VMAs are listed in address order, so one pass suffices. */
-static struct lock_check check_range_locked(uintptr_t first_page, uintptr_t end_page)
-{
-    struct lock_check result = {false, false};
-    struct line_reader reader;
-    reader.fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
-    if (reader.fd < 0)
-        return result; /* cannot tell: record nothing */
-    reader.at_eof = false;
-    reader.discarding = false;
-    reader.start = reader.end = 0;
-
-    uintptr_t covered_up_to = first_page;
-    bool in_touching_vma = false;
-    bool finished = false;
-    const char *line;
-    while (!finished && (line = line_reader_next(&reader)) != NULL) {
-        uintptr_t vma_start, vma_end;
-        if (parse_vma_header(line, &vma_start, &vma_end)) {
-            in_touching_vma = false;
-            if (vma_end <= covered_up_to)
-                continue;
-            if (vma_start > covered_up_to) {
-                result.unmapped = true;
-                finished = true;
-                continue;
-            }
-            in_touching_vma = true;
-            covered_up_to = vma_end;
-        } else if (in_touching_vma && strncmp(line, "VmFlags:", 8) == 0) {
-            if (!vm_flags_has_locked(line + 7))
-                result.not_locked = true;
-            in_touching_vma = false;
-            finished = covered_up_to >= end_page;
-        }
-    }
-    if (!finished && covered_up_to < end_page)
-        result.unmapped = true;
-    close(reader.fd);
-    return result;
-}
+/* Invariant checks against /proc/self/smaps: smaps_locked.h.               */
 
 static uintptr_t page_floor(uintptr_t address)
 {
@@ -1490,6 +1367,23 @@ FAKE_EXPORT int cuDeviceGetCount(int *count)
         error = FAKE_CU_ERROR_INVALID_VALUE;
     if (!error)
         *count = (int)config.device_count;
+    unlock_state();
+    return error;
+}
+
+/* The PCI address "0000:BB:00.0", bus 0x17 + the ordinal, in capitals as
+ * the driver writes it (no such device exists in sysfs). */
+FAKE_EXPORT int cuDeviceGetPCIBusId(char *bus_id, int length, CUdevice device)
+{
+    caller_object(FAKE_CU_CALL_DEVICE_GET_PCI_BUS_ID, CALLER());
+    lock_state();
+    int error = api_state_error_locked();
+    if (!error && (bus_id == NULL || length <= 0))
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    if (!error && !device_valid(device))
+        error = FAKE_CU_ERROR_INVALID_DEVICE;
+    if (!error)
+        snprintf(bus_id, (size_t)length, "0000:%02X:00.0", 0x17 + (int)device);
     unlock_state();
     return error;
 }
@@ -2013,6 +1907,13 @@ FAKE_EXPORT int cuDeviceGetAttribute(int *value, int attribute, CUdevice device)
             break;
         case FAKE_CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED:
             *value = config.read_only_register[device];
+            break;
+        case FAKE_CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
+            /* New in CUDA 12.2: an older driver does not know it. */
+            if (config.driver_version < 12020)
+                error = FAKE_CU_ERROR_INVALID_VALUE;
+            else
+                *value = config.host_numa_id[device];
             break;
         default:
             *value = 0; /* not modelled */

@@ -84,8 +84,11 @@
  *  - cuDeviceGetAttribute: HOST_REGISTER_SUPPORTED (99) is 1,
  *    PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES (100) is
  *    FAKE_CUDA_HOST_PAGE_TABLES, READ_ONLY_HOST_REGISTER_SUPPORTED (113) is
- *    FAKE_CUDA_READ_ONLY_REGISTER's for the device; other attributes below
- *    150 are 0; others INVALID_VALUE (1).
+ *    FAKE_CUDA_READ_ONLY_REGISTER's for the device, HOST_NUMA_ID (134) is
+ *    FAKE_CUDA_HOST_NUMA's for the device (INVALID_VALUE from a driver older
+ *    than 12.2, which does not know it); other attributes below 150 are 0;
+ *    others INVALID_VALUE (1). cuDeviceGetPCIBusId: "0000:17:00.0" for
+ *    device 0, 18 for 1, ... (no such device in sysfs).
  *  - cuMemHostAlloc / cuMemFreeHost: the driver's own pinned memory. It maps
  *    it and calls mlock (munlock) through libc WHILE IT HOLDS ITS OWN LOCK,
  *    as a driver doing its own work may: a preloaded shim that calls back
@@ -152,6 +155,9 @@
  *                                          of 0/1 per device ("1,0"; the last repeats);
  *                                          default 1
  *   FAKE_CUDA_HOST_PAGE_TABLES=1           attribute 100 (ATS): populate, never pin
+ *   FAKE_CUDA_HOST_NUMA=N|L                attribute 134: the host NUMA node of every
+ *                                          device, or a list ("0,1"; the last repeats;
+ *                                          -1: no NUMA); default 0
  *   FAKE_CUDA_LONGTERM_PINS=auto|0|1       long-term pins (default auto: on x86-64
  *                                          with Linux 6.5 or later)
  *   FAKE_CUDA_PIN_RULES=0                  pin any memory without looking at its
@@ -220,6 +226,7 @@ enum fake_cu_result {
 #define FAKE_CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED 99
 #define FAKE_CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES 100
 #define FAKE_CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED 113
+#define FAKE_CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID 134
 #define FAKE_CU_DEVICE_ATTRIBUTE_MAX 150
 
 /* cuMemHostAlloc flags (cuda.h CU_MEMHOSTALLOC_*). */
@@ -271,6 +278,7 @@ enum fake_cu_call {
     FAKE_CU_CALL_MEM_HOST_ALLOC,
     FAKE_CU_CALL_MEM_FREE_HOST,
     FAKE_CU_CALL_MEM_HOST_GET_DEVICE_POINTER_V2,
+    FAKE_CU_CALL_DEVICE_GET_PCI_BUS_ID,
     FAKE_CU_CALL_KIND_COUNT
 };
 

@@ -52,12 +52,16 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemHostGetDevicePointe
                                             CUresult (*)(CUdeviceptr *, void *, unsigned int)),
                "cuMemHostGetDevicePointer_v2");
 _Static_assert(sizeof(CUdeviceptr) == sizeof(unsigned long long), "CUdeviceptr is 64-bit");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuDeviceGetPCIBusId),
+                                            CUresult (*)(char *, int, CUdevice)),
+               "cuDeviceGetPCIBusId");
 _Static_assert(SAME(CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED,
                     FAKE_CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED) &&
                    SAME(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
                         FAKE_CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES) &&
                    SAME(CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
                         FAKE_CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED) &&
+                   SAME(CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, FAKE_CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID) &&
                    SAME(CU_MEMHOSTALLOC_PORTABLE, FAKE_CU_MEMHOSTALLOC_PORTABLE) &&
                    SAME(CU_MEMHOSTALLOC_DEVICEMAP, FAKE_CU_MEMHOSTALLOC_DEVICEMAP) &&
                    SAME(CU_MEMHOSTALLOC_WRITECOMBINED, FAKE_CU_MEMHOSTALLOC_WRITECOMBINED),

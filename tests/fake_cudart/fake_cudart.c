@@ -60,6 +60,10 @@ _Static_assert(
 struct fake_config {
     bool no_driver;
     bool unload_at_exit;
+    /* FAKE_CUDART_UNLOAD_AT_EXIT=late: the teardown's exit handler is
+     * registered at the first cudaHostRegister, after any the shim
+     * registered when it chose CUDA, so that it runs before the shim's. */
+    bool unload_late;
     char driver_path[4096];
 };
 
@@ -129,7 +133,10 @@ static unsigned env_unsigned(const char *name, unsigned fallback)
 static void load_config_locked(void)
 {
     config.no_driver = env_unsigned("FAKE_CUDART_NO_DRIVER", 0) != 0;
-    config.unload_at_exit = env_unsigned("FAKE_CUDART_UNLOAD_AT_EXIT", 0) != 0;
+    const char *unload = getenv("FAKE_CUDART_UNLOAD_AT_EXIT");
+    config.unload_at_exit =
+        unload != NULL && (strcmp(unload, "1") == 0 || strcmp(unload, "late") == 0);
+    config.unload_late = unload != NULL && strcmp(unload, "late") == 0;
     const char *path = getenv("FAKE_CUDA_DRIVER");
     if (!path || !*path)
         path = FAKE_CUDA_DRIVER_PATH;
@@ -448,6 +455,9 @@ FAKE_EXPORT int cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 {
     const void *caller = CALLER();
     count_call(FAKE_CALL_REGISTER);
+    static int late_handler_registered;
+    if (config.unload_late && !__atomic_exchange_n(&late_handler_registered, 1, __ATOMIC_RELAXED))
+        atexit(at_exit_teardown);
     const struct driver_api *api = NULL;
     int error = runtime_enter(&api);
     if (!error)

@@ -68,6 +68,9 @@
  *
  *   FAKE_CUDART_NO_DRIVER=1            the driver is missing: every call fails with 35
  *   FAKE_CUDART_UNLOAD_AT_EXIT=1       once torn down, every call returns 4 (CudartUnloading)
+ *   FAKE_CUDART_UNLOAD_AT_EXIT=late    the same, with the teardown's exit handler registered
+ *                                      at the first cudaHostRegister (after one the shim
+ *                                      registered before, so that it runs first)
  *   FAKE_CUDA_DRIVER=path              the fake driver to load instead of the built one
  *   FAKE_CUDART_LOG=path               append one line per event to path
  *

@@ -10,6 +10,7 @@
  * base, the engine's counters agree with the backend's, and after the
  * shutdown nothing is left registered. Exit status 0 when all hold. */
 #include "engine.h"
+#include "mock_codes.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -50,7 +51,8 @@ static enum engine_choice backend_choose(void *context, bool from_worker,
 }
 
 /* Every 7th register and every 11th unregister fail, as an unreliable runtime. */
-static int backend_register(void *context, struct range_place *place, void *base, size_t length)
+static int backend_register_code(void *context, struct range_place *place, void *base,
+                                 size_t length)
 {
     (void)context;
     (void)place;
@@ -64,7 +66,7 @@ static int backend_register(void *context, struct range_place *place, void *base
         for (size_t i = 0; i < backend.count && result == 0; i++)
             if (start < backend.ranges[i].base + backend.ranges[i].length &&
                 backend.ranges[i].base < end) {
-                result = ENGINE_CUDA_ALREADY_REGISTERED;
+                result = MOCK_ALREADY_REGISTERED;
                 program = backend.ranges[i].program;
             }
         /* The program's registration outlives an unmap or free of its memory
@@ -85,12 +87,18 @@ static int backend_register(void *context, struct range_place *place, void *base
     return result;
 }
 
-static int backend_unregister(void *context, const struct range_place *place, void *base)
+static struct engine_result backend_register(void *context, struct range_place *place, void *base,
+                                             size_t length)
+{
+    return mock_result(backend_register_code(context, place, base, length));
+}
+
+static int backend_unregister_code(void *context, const struct range_place *place, void *base)
 {
     (void)context;
     (void)place;
     pthread_mutex_lock(&backend.mutex);
-    int result = ENGINE_CUDA_NOT_REGISTERED;
+    int result = MOCK_NOT_REGISTERED;
     size_t i = 0;
     while (i < backend.count && backend.ranges[i].base != (uintptr_t)base)
         i++;
@@ -108,6 +116,12 @@ static int backend_unregister(void *context, const struct range_place *place, vo
     }
     pthread_mutex_unlock(&backend.mutex);
     return result;
+}
+
+static struct engine_result backend_unregister(void *context, const struct range_place *place,
+                                               void *base)
+{
+    return mock_result(backend_unregister_code(context, place, base));
 }
 
 static struct engine engine;
@@ -162,7 +176,7 @@ static long program_register(void *arguments)
     for (size_t i = 0; i < backend.count && result == 0; i++)
         if (range[0] < backend.ranges[i].base + backend.ranges[i].length &&
             backend.ranges[i].base < range[1])
-            result = ENGINE_CUDA_ALREADY_REGISTERED;
+            result = MOCK_ALREADY_REGISTERED;
     if (result == 0 && backend.count < MAX_RANGES) {
         backend.ranges[backend.count++] =
             (struct backend_range){range[0], range[1] - range[0], true};
@@ -176,7 +190,7 @@ static long program_unregister(void *arguments)
 {
     uintptr_t *range = arguments;
     pthread_mutex_lock(&backend.mutex);
-    long result = ENGINE_CUDA_NOT_REGISTERED;
+    long result = MOCK_NOT_REGISTERED;
     for (size_t i = 0; i < backend.count; i++)
         if (backend.ranges[i].base == range[0] && backend.ranges[i].length == range[1] - range[0]) {
             backend.ranges[i] = backend.ranges[--backend.count];
@@ -204,7 +218,7 @@ static void *work(void *argument)
         if (first + pages > AREA_PAGES)
             pages = AREA_PAGES - first;
         uintptr_t start = AREA_BASE + first * PAGE, end = start + pages * PAGE;
-        struct engine_call ok = {succeed, NULL}, failing = {fail, NULL};
+        struct engine_call ok = {succeed, NULL, "test"}, failing = {fail, NULL, "test"};
         switch (next_random(&state) % 8) {
         case 0:
         case 1:
@@ -226,8 +240,9 @@ static void *work(void *argument)
         case 5: {
             /* The program registers (and at once unregisters) a range itself. */
             uintptr_t range[2] = {start, end};
-            struct engine_call registering = {program_register, range};
-            struct engine_call unregistering = {program_unregister, range};
+            struct engine_program_call registering = {{program_register, range, "test"}, MOCK_OK};
+            struct engine_program_call unregistering = {{program_unregister, range, "test"},
+                                                        MOCK_OK};
             if (engine_program_register(&engine, start, end - start, 0, &registering) == 0)
                 engine_program_unregister(&engine, start, &unregistering);
             break;

@@ -384,11 +384,36 @@ Test(faults, runtime_without_the_register_functions)
 
 /* ---- (g) a runtime that is gone by the time the shim unregisters at exit ---- */
 
-Test(faults, runtime_unloading_at_exit)
+/* The runtime tears itself down from an exit handler registered when it
+ * starts; the shim's own, registered once it chose the runtime (after the
+ * start), runs first: the last unregistrations meet the runtime whole. */
+Test(faults, exit_unregisters_before_the_runtime_tears_down)
 {
     harness_require_lock_budget(8 << 20);
     const char *argv[] = {harness_env("EXIT_WITH_LOCKS"), "4", NULL};
     const char *env[] = {"FAKE_CUDART_UNLOAD_AT_EXIT=1", NULL};
+    struct harness_run without_shim, with_shim;
+    run_both(&without_shim, &with_shim, argv, env);
+    cr_assert_eq(with_shim.result.status, 4);
+    const char *stats = with_shim.stats;
+    double live = harness_stat(&with_shim, "live.ranges");
+    cr_assert_eq(live, 3, "%s", stats);
+    cr_assert_eq(harness_stat(&with_shim, "unregister.exit"), live, "%s", stats);
+    cr_assert_eq(harness_stat(&with_shim, "unregister.ok"), live, "%s", stats);
+    cr_assert_eq(harness_stat(&with_shim, "unregister.exit_unloading"), 0, "%s", stats);
+    harness_expect_consistent_stats(&with_shim);
+    harness_expect_clean_runtime(&with_shim);
+    harness_free(&without_shim);
+    harness_free(&with_shim);
+}
+
+/* A runtime whose teardown handler comes after the shim's (registered
+ * lazily, at its first registration): it has torn down first. */
+Test(faults, runtime_unloading_at_exit)
+{
+    harness_require_lock_budget(8 << 20);
+    const char *argv[] = {harness_env("EXIT_WITH_LOCKS"), "4", NULL};
+    const char *env[] = {"FAKE_CUDART_UNLOAD_AT_EXIT=late", NULL};
     struct harness_run without_shim, with_shim;
     run_both(&without_shim, &with_shim, argv, env);
     cr_assert_eq(with_shim.result.status, 4);

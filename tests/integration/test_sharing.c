@@ -150,7 +150,7 @@ Test(sharing, locks_made_by_the_driver_itself_pass_through, .timeout = 60)
         cr_assert_eq(shim_run_printed_number(&run, "host_alloc_registers"), 0, "%s",
                      run.result.out);
         cr_assert_eq(shim_run_printed_number(&run, "host_alloc_unregisters"), 0);
-        cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_cuda_library"), 1, "%s",
+        cr_assert_eq(shim_run_stats_number(&run, "register", "skipped_runtime_library"), 1, "%s",
                      run.stats);
         cr_assert_eq(shim_run_stats_number(&run, "register", "ok"), 0);
         shim_run_free(&run);

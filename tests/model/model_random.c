@@ -249,23 +249,87 @@ static int (*shim_is_registered)(const void *);
 static size_t (*shim_get_counters)(struct pinshim_counters *, size_t);
 static size_t (*shim_drain)(void);
 
+/* MODEL_VENDOR=hip or ze: the fake HIP runtime or Level Zero loader
+ * (tests/fake_hip, tests/fake_ze; MODEL_FAKE names the library) stands where
+ * the CUDA runtime stands otherwise, queried through the vendor-neutral
+ * fake_gpu_* API (tests/fake_gpu/fake_pins.h). */
+enum model_vendor { MODEL_CUDA, MODEL_HIP, MODEL_ZE };
+static enum model_vendor vendor = MODEL_CUDA;
+
+/* The call kinds of fake_hip.h and fake_ze.h for a register and an
+ * unregister. */
+enum { HIP_CALL_REGISTER = 0, HIP_CALL_UNREGISTER = 1, ZE_CALL_IMPORT = 4, ZE_CALL_RELEASE = 5 };
+
+struct fake_gpu_range_copy {
+    uintptr_t base;
+    size_t size;
+};
+static size_t (*gpu_snapshot)(struct fake_gpu_range_copy *, size_t);
+static uint64_t (*gpu_calls)(int);
+
+/* fake_gpu_snapshot in the CUDA double's layout. */
+static size_t vendor_snapshot(struct fake_cudart_range *out, size_t max)
+{
+    static struct fake_gpu_range_copy ranges[MAX_RANGES];
+    static pthread_mutex_t ranges_mutex = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&ranges_mutex);
+    size_t count = gpu_snapshot(ranges, max < MAX_RANGES ? max : MAX_RANGES);
+    for (size_t i = 0; i < count; i++)
+        out[i] = (struct fake_cudart_range){ranges[i].base, ranges[i].size, 0};
+    pthread_mutex_unlock(&ranges_mutex);
+    return count;
+}
+
+static uint64_t vendor_calls(int which)
+{
+    if (which == FAKE_CALL_REGISTER)
+        return gpu_calls(vendor == MODEL_HIP ? HIP_CALL_REGISTER : ZE_CALL_IMPORT);
+    if (which == FAKE_CALL_UNREGISTER)
+        return gpu_calls(vendor == MODEL_HIP ? HIP_CALL_UNREGISTER : ZE_CALL_RELEASE);
+    return 0;
+}
+
+/* The library the fake's query API lives in. */
+static const char *fake_library(void)
+{
+    return vendor == MODEL_CUDA ? getenv("PINSHIM_CUDART") : getenv("MODEL_FAKE");
+}
+
 /* The shim loads the runtime at the first large lock; find that same copy. */
 static bool load_fake(void)
 {
     if (__atomic_load_n(&fake.snapshot, __ATOMIC_ACQUIRE) != NULL)
         return true;
-    const char *path = getenv("PINSHIM_CUDART");
+    const char *path = fake_library();
     void *handle = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
     if (handle == NULL)
         return false;
     pthread_mutex_lock(&fake_mutex);
-    fake.violations = (size_t(*)(void))dlsym(handle, "fake_cudart_violation_count");
-    fake.violations_of =
-        (size_t(*)(enum fake_cudart_violation))dlsym(handle, "fake_cudart_violation_count_of");
-    fake.calls = (uint64_t(*)(int))dlsym(handle, "fake_cudart_call_count");
-    fake.peek_last_error = (int (*)(void))dlsym(handle, "cudaPeekAtLastError");
-    size_t (*snapshot)(struct fake_cudart_range *, size_t) =
-        (size_t(*)(struct fake_cudart_range *, size_t))dlsym(handle, "fake_cudart_snapshot");
+    size_t (*snapshot)(struct fake_cudart_range *, size_t) = NULL;
+    if (vendor == MODEL_CUDA) {
+        fake.violations = (size_t(*)(void))dlsym(handle, "fake_cudart_violation_count");
+        fake.violations_of =
+            (size_t(*)(enum fake_cudart_violation))dlsym(handle, "fake_cudart_violation_count_of");
+        fake.calls = (uint64_t(*)(int))dlsym(handle, "fake_cudart_call_count");
+        fake.peek_last_error = (int (*)(void))dlsym(handle, "cudaPeekAtLastError");
+        snapshot =
+            (size_t(*)(struct fake_cudart_range *, size_t))dlsym(handle, "fake_cudart_snapshot");
+    } else {
+        /* The same violation numbers as the CUDA double's. */
+        fake.violations = (size_t(*)(void))dlsym(handle, "fake_gpu_violation_count");
+        fake.violations_of =
+            (size_t(*)(enum fake_cudart_violation))dlsym(handle, "fake_gpu_violation_count_of");
+        gpu_calls = (uint64_t(*)(int))dlsym(handle, "fake_gpu_call_count");
+        fake.calls = vendor_calls;
+        /* HIP's last error on this thread: the shim's HIP calls run on a
+         * thread of its own and must leave it alone. */
+        if (vendor == MODEL_HIP)
+            fake.peek_last_error = (int (*)(void))dlsym(handle, "hipPeekAtLastError");
+        gpu_snapshot =
+            (size_t(*)(struct fake_gpu_range_copy *, size_t))dlsym(handle, "fake_gpu_snapshot");
+        if (gpu_snapshot != NULL && gpu_calls != NULL)
+            snapshot = vendor_snapshot;
+    }
     __atomic_store_n(&fake.snapshot, snapshot, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&fake_mutex);
     dlclose(handle); /* drops the reference NOLOAD took; the shim's stays */
@@ -281,6 +345,8 @@ static uint64_t fake_calls(int which)
 {
     if (!load_fake())
         return 0;
+    if (vendor != MODEL_CUDA)
+        return fake.calls(which);
     if (__atomic_load_n(&driver_call_count, __ATOMIC_ACQUIRE) == NULL) {
         void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
         uint64_t (*count)(int) =
@@ -4172,8 +4238,14 @@ int main(int argc, char **argv)
      * lock call returns. */
     if (getenv("MODEL_DRAIN") != NULL && getenv("MODEL_DRAIN")[0] == '1')
         shim_drain = (size_t(*)(void))dlsym(RTLD_DEFAULT, "pinshim_drain");
-    if (shim_is_registered == NULL || getenv("PINSHIM_CUDART") == NULL) {
-        printf("model_random: libpinshim.so is not preloaded or PINSHIM_CUDART is unset\n");
+    const char *vendor_name = getenv("MODEL_VENDOR");
+    if (vendor_name != NULL && strcmp(vendor_name, "hip") == 0)
+        vendor = MODEL_HIP;
+    else if (vendor_name != NULL && strcmp(vendor_name, "ze") == 0)
+        vendor = MODEL_ZE;
+    if (shim_is_registered == NULL || fake_library() == NULL) {
+        printf("model_random: libpinshim.so is not preloaded or %s is unset\n",
+               vendor == MODEL_CUDA ? "PINSHIM_CUDART" : "MODEL_FAKE");
         return EXIT_HARNESS;
     }
     /* MODEL_PROGRAM_CONTEXT=1: the program initialises CUDA itself (the fake
@@ -4182,10 +4254,18 @@ int main(int argc, char **argv)
      * PINSHIM_CONTEXT=program, registers into it; its other threads have no
      * context and the shim uses the active primary one. */
     if (getenv("MODEL_PROGRAM_CONTEXT") != NULL && getenv("MODEL_PROGRAM_CONTEXT")[0] == '1') {
-        void *runtime = dlopen(getenv("PINSHIM_CUDART"), RTLD_NOW);
-        int (*cuda_free)(void *) = runtime ? (int (*)(void *))dlsym(runtime, "cudaFree") : NULL;
-        if (cuda_free == NULL || cuda_free(NULL) != 0) {
-            printf("model_random: cannot initialise CUDA through %s\n", getenv("PINSHIM_CUDART"));
+        /* CUDA: cudaFree(NULL); HIP: hipSetDevice(0); Level Zero: zeInit(0). */
+        static const char *const starts[] = {"cudaFree", "hipSetDevice", "zeInit"};
+        void *runtime = dlopen(fake_library(), RTLD_NOW);
+        void *start = runtime ? dlsym(runtime, starts[vendor]) : NULL;
+        int started = -1;
+        if (start != NULL && vendor == MODEL_CUDA)
+            started = ((int (*)(void *))start)(NULL);
+        else if (start != NULL)
+            started = ((int (*)(int))start)(0);
+        if (started != 0) {
+            printf("model_random: cannot start the runtime through %s (%s)\n", fake_library(),
+                   starts[vendor]);
             return EXIT_HARNESS;
         }
     }

@@ -40,16 +40,33 @@ struct run_options {
      * call, and model_random checks right after each call, waiting for
      * nothing. */
     bool asynchronous;
+    /* NULL: CUDA (the fake runtime on the fake driver); "hip" or "ze": the
+     * fake HIP runtime or Level Zero loader (FAKE_HIP, FAKE_ZE; the
+     * directory holding it goes on LD_LIBRARY_PATH for create mode, which
+     * searches the vendor's library by soname). */
+    const char *vendor;
 };
 
 /* Runs model_random with args (NULL-terminated). */
 static int run_model(struct child_result *result, const char *const *args,
                      struct run_options options)
 {
-    char preload[1024], cudart[1024], min_bytes[64];
+    char preload[1024], cudart[1024], min_bytes[64], vendor[64], fake[1100], library_path[1100];
     snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", required_env("PINSHIM_LIB"));
-    snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s",
-             required_env(options.slow_unregister ? "SLOW_RUNTIME" : "FAKE_CUDART"));
+    const char *fake_path = NULL;
+    if (options.vendor == NULL) {
+        snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s",
+                 required_env(options.slow_unregister ? "SLOW_RUNTIME" : "FAKE_CUDART"));
+    } else {
+        fake_path = required_env(strcmp(options.vendor, "hip") == 0 ? "FAKE_HIP" : "FAKE_ZE");
+        snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=");
+    }
+    snprintf(vendor, sizeof(vendor), "MODEL_VENDOR=%s", options.vendor ? options.vendor : "");
+    snprintf(fake, sizeof(fake), "MODEL_FAKE=%s", fake_path ? fake_path : "");
+    /* Create mode finds the vendor's library by its soname there. */
+    snprintf(library_path, sizeof(library_path), "LD_LIBRARY_PATH=%.*s",
+             fake_path ? (int)(strrchr(fake_path, '/') - fake_path) : 0,
+             fake_path ? fake_path : "");
     snprintf(min_bytes, sizeof(min_bytes), "PINSHIM_MIN_BYTES=%s",
              options.min_bytes ? options.min_bytes : "16K");
     const char *environment[] = {
@@ -73,6 +90,16 @@ static int run_model(struct child_result *result, const char *const *args,
         options.asynchronous ? "PINSHIM_ASYNC=on" : "PINSHIM_ASYNC=",
         options.asynchronous ? "MODEL_DRAIN=1" : "MODEL_DRAIN=",
         options.create_mode ? "MODEL_PROGRAM_CONTEXT=" : "MODEL_PROGRAM_CONTEXT=1",
+        vendor,
+        fake,
+        library_path,
+        options.vendor != NULL && options.create_mode
+            ? (strcmp(options.vendor, "hip") == 0 ? "PINSHIM_VENDOR=hip" : "PINSHIM_VENDOR=ze")
+            : "PINSHIM_VENDOR=",
+        options.smaps_checks ? "FAKE_GPU_CHECK=1" : "FAKE_GPU_CHECK=0",
+        "FAKE_GPU_LOG=",
+        "FAKE_GPU_FAIL_REGISTER_EVERY=",
+        "FAKE_GPU_FAIL_UNREGISTER_EVERY=",
         NULL};
     const char *argv[32];
     size_t count = 0;
@@ -256,6 +283,39 @@ VOLUME_TEST(volume_seeds_11_to_20, 11)
 VOLUME_TEST(volume_seeds_21_to_30, 21)
 VOLUME_TEST(volume_seeds_31_to_40, 31)
 VOLUME_TEST(volume_seeds_41_to_50, 41)
+
+/* The same protocol against the other vendors' fakes (issue 27): the
+ * program starts HIP (hipSetDevice) or Level Zero (zeInit) itself and the
+ * shim registers through it; then create mode, where the shim loads and
+ * starts the runtime; then eight threads with the fakes' smaps checks. */
+#define VENDOR_TESTS(vendor_name)                                                                  \
+    Test(model, volume_##vendor_name, .timeout = 300)                                              \
+    {                                                                                              \
+        struct coverage_totals totals = {0};                                                       \
+        run_seeds(1, 10, "2000", NULL, (struct run_options){.vendor = #vendor_name}, &totals);     \
+        cr_assert_eq(totals.ops, 20000);                                                           \
+        expect_broad_coverage(&totals);                                                            \
+    }                                                                                              \
+    Test(model, volume_##vendor_name##_create_mode, .timeout = 300)                                \
+    {                                                                                              \
+        struct coverage_totals totals = {0};                                                       \
+        run_seeds(101, 5, "2000", NULL,                                                            \
+                  (struct run_options){.vendor = #vendor_name, .create_mode = true}, &totals);     \
+        cr_assert_eq(totals.ops, 10000);                                                           \
+        expect_broad_coverage(&totals);                                                            \
+    }                                                                                              \
+    Test(model, eight_threads_##vendor_name##_smaps_checked, .timeout = 300)                       \
+    {                                                                                              \
+        struct coverage_totals totals = {0};                                                       \
+        const char *const extra[] = {"--threads", "8", NULL};                                      \
+        run_seeds(201, 3, "800", extra,                                                            \
+                  (struct run_options){.vendor = #vendor_name, .smaps_checks = true}, &totals);    \
+        cr_assert_gt(totals.register_calls, 0);                                                    \
+    }
+#if PINSHIM_TEST_VENDOR_FAKES
+VENDOR_TESTS(hip)
+VENDOR_TESTS(ze)
+#endif
 
 /* The same in create mode (registration inside the lock call, the runtime
  * loaded at the first large lock). */

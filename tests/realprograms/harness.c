@@ -26,6 +26,10 @@ static const char *const cleared_settings[] = {
     "FAKE_CUDART_FAIL_UNREGISTER_EVERY=",
     "FAKE_CUDART_FAIL_ERROR=",
     "FAKE_CUDART_UNLOAD_AT_EXIT=",
+    "PINSHIM_VENDOR=",
+    "FAKE_GPU_FAIL_REGISTER_EVERY=",
+    "FAKE_GPU_FAIL_UNREGISTER_EVERY=",
+    "FAKE_GPU_FAIL_ERROR=",
 };
 
 const char *harness_env(const char *name)
@@ -134,16 +138,30 @@ void harness_run(struct harness_run *run, const char *const argv[],
 
     char preload[HARNESS_PATH_MAX + 16], cudart[HARNESS_PATH_MAX + 16];
     char stats[HARNESS_PATH_MAX + 32], log[HARNESS_PATH_MAX + 32];
+    char vendor[64] = "PINSHIM_VENDOR=", library_path[HARNESS_PATH_MAX + 32] = "LD_LIBRARY_PATH=";
     snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", options->preload ? options->preload : "");
-    snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s", harness_env("FAKE_CUDART"));
     snprintf(stats, sizeof(stats), "PINSHIM_STATS=%s/stats.%%p.json", run->directory);
-    snprintf(log, sizeof(log), "FAKE_CUDART_LOG=%s", run->log_path);
+    /* HARNESS_VENDOR=hip or ze: the fake HIP runtime or Level Zero loader,
+     * found by its soname in the directory HARNESS_VENDOR_DIR names (create
+     * mode searches it so), logging in the CUDA double's format to
+     * FAKE_GPU_LOG (tests/fake_gpu/fake_pins.h). */
+    const char *vendor_name = harness_optional_env("HARNESS_VENDOR");
+    if (vendor_name != NULL) {
+        snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=");
+        snprintf(vendor, sizeof(vendor), "PINSHIM_VENDOR=%s", vendor_name);
+        snprintf(library_path, sizeof(library_path), "LD_LIBRARY_PATH=%s",
+                 harness_env("HARNESS_VENDOR_DIR"));
+        snprintf(log, sizeof(log), "FAKE_GPU_LOG=%s", run->log_path);
+    } else {
+        snprintf(cudart, sizeof(cudart), "PINSHIM_CUDART=%s", harness_env("FAKE_CUDART"));
+        snprintf(log, sizeof(log), "FAKE_CUDART_LOG=%s", run->log_path);
+    }
 
     /* child_run appends every entry, and getenv takes the first of a name:
      * each entry replaces an earlier one of the same name. */
     const char *environment[64];
     size_t count = 0;
-    const char *defaults[] = {preload, cudart, stats, log};
+    const char *defaults[] = {preload, cudart, stats, log, vendor, library_path};
     for (size_t i = 0; i < sizeof(cleared_settings) / sizeof(*cleared_settings); i++)
         add_setting(environment, &count, cleared_settings[i]);
     for (size_t i = 0; i < sizeof(defaults) / sizeof(*defaults); i++)

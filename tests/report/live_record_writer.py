@@ -40,7 +40,7 @@ FIELD_SIZE = 64
 # for issue 19: the dotted keys of the JSON document).
 COUNT_FIELDS = [
     "register.ok", "register.failed", "register.already_registered", "register.skipped_small",
-    "register.skipped_no_runtime", "register.skipped_cuda_library", "register.by_pieces",
+    "register.skipped_no_runtime", "register.skipped_runtime_library", "register.by_pieces",
     "register.read_only", "register.skipped_read_only_unsupported", "register.skipped_io",
     "register.skipped_no_access", "register.skipped_shared_file", "register.skipped_unmapped",
     "register.skipped_address", "register.skipped_onfault_pages", "register.bytes",
@@ -103,7 +103,8 @@ def record_bytes(values=None, devices=(), errors=(), *, state=RUNNING, pid=None,
     nanosecond fields, seconds since the epoch for the time ones);
     devices: [(device, registrations, bytes)]; errors: [(code, count, name)];
     extra_fields: more (name, kind, count, stride, offset) entries, with
-    their offset past the default data (raw bytes come from values[name])."""
+    their offset past the default data (raw bytes come from values[name];
+    an array's elements from a list there)."""
     values = dict(values or {})
     pid = os.getpid() if pid is None else pid
     host = socket.gethostname() if host is None else host
@@ -135,18 +136,20 @@ def record_bytes(values=None, devices=(), errors=(), *, state=RUNNING, pid=None,
         for member, value in (("offset", offset), ("kind", kind), ("count", count),
                               ("stride", stride)):
             struct.pack_into(order + "I", buffer, at + FIELD_OFFSETS[member], value)
-        if count != 1 or name not in values:
+        if name not in values:
             continue
-        value = values[name]
-        where = data_offset + offset
-        if kind == COUNT:
-            struct.pack_into(order + "Q", buffer, where, value)
-        elif kind in (NANOSECONDS, TIME):
-            struct.pack_into(order + "Q", buffer, where, round(value * 1e9))
-        elif kind == INT32:
-            struct.pack_into(order + "i", buffer, where, value)
-        elif isinstance(value, bytes):
-            buffer[where:where + len(value)] = value
+        # An array's values: a list, element i at offset + i * stride.
+        elements = values[name] if isinstance(values[name], list) else [values[name]]
+        for index, value in enumerate(elements[:count]):
+            where = data_offset + offset + index * stride
+            if kind == COUNT:
+                struct.pack_into(order + "Q", buffer, where, value)
+            elif kind in (NANOSECONDS, TIME):
+                struct.pack_into(order + "Q", buffer, where, round(value * 1e9))
+            elif kind == INT32:
+                struct.pack_into(order + "i", buffer, where, value)
+            elif isinstance(value, bytes):
+                buffer[where:where + len(value)] = value
     devices_at = next(offset for name, _, _, _, offset in layout
                       if name == "devices[].registrations")
     for device, registrations, size in devices:

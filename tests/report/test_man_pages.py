@@ -2,14 +2,17 @@
 """The man pages: groff formats them without a warning, and they cannot fall
 behind the code: every variable of the option table (pinshim
 --help-options-markdown, the README's table) is in pinshim.7 with the same
-values, default and meaning, every option of pinshim --help is in
-pinshim.1, and every key of the JSON statistics that libpinshim.so writes is
+values, default and meaning, every option of pinshim --help, pinshim-report
+--help and pinshim-top --help is in pinshim.1, and so is every Prometheus
+metric pinshim-report can print; and every key of the JSON statistics that libpinshim.so writes is
 described in the STATISTICS section of pinshim.7.
 
 Environment (set by meson): PINSHIM_CLI, PINSHIM_MAN_DIR, PINSHIM_VERSION,
-PINSHIM_LIB.
+PINSHIM_LIB, PINSHIM_REPORT, PINSHIM_TOP.
 """
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -207,10 +210,44 @@ class Coverage(unittest.TestCase):
                 self.assertTrue(variable in self.section1, f"pinshim.1 lacks {variable}")
         # The same synopses as the usage of pinshim --help (which says FILES).
         for synopsis in ("pinshim report [--all] [--json] [--prune] [--no-runtime-records] FILE...",
-                         "pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]"):
+                         "pinshim report [--prometheus] [--prometheus-file PATH] [--prune] "
+                         "[--no-runtime-records] FILE...",
+                         "pinshim top [--once] [--bytes] [--interval SECONDS] [DIR...]",
+                         "pinshim top [--once] [--prometheus] [--prometheus-file PATH] "
+                         "[--interval SECONDS] [DIR...]"):
             with self.subTest(synopsis=synopsis):
                 self.assertTrue(synopsis in self.section1, f"pinshim.1 lacks {synopsis}")
                 self.assertIn(synopsis.replace("FILE...", "FILES..."), help_text)
+
+    def test_every_option_of_report_and_top_is_in_pinshim_1(self):
+        for script in ("PINSHIM_REPORT", "PINSHIM_TOP"):
+            result = subprocess.run([sys.executable, os.environ[script], "--help"],
+                                    capture_output=True, text=True, timeout=60)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            options = set(re.findall(r"^  (--[a-z-]+)", result.stdout, re.MULTILINE))
+            self.assertIn("--prometheus-file", options)
+            for option in sorted(options - {"--help"}):
+                with self.subTest(script=script, option=option):
+                    self.assertTrue(option in self.section1, f"pinshim.1 lacks {option}")
+
+    def test_every_prometheus_metric_is_in_pinshim_1(self):
+        loader = importlib.machinery.SourceFileLoader("pinshim_report",
+                                                      os.environ["PINSHIM_REPORT"])
+        report = importlib.util.module_from_spec(
+            importlib.util.spec_from_loader("pinshim_report", loader))
+        loader.exec_module(report)
+        # The page names each metric as its job total, pinshim_NAME, and says
+        # that every one also comes per process, as pinshim_process_NAME.
+        names = [f"pinshim_{name}" for name, *_ in report.PROMETHEUS_JOB_METRICS
+                 + report.PROMETHEUS_METRICS]
+        names += [f"pinshim_process_{name}" for name, *_ in report.PROMETHEUS_PROCESS_METRICS]
+        names.append("pinshim_report_skipped_files")
+        self.assertGreaterEqual(len(names), 20)
+        section = self.section1[self.section1.index("PROMETHEUS METRICS"):]
+        for name in names:
+            with self.subTest(metric=name):
+                self.assertTrue(re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", section),
+                                f"pinshim.1's PROMETHEUS METRICS lacks {name}")
 
     def test_version_in_title_lines(self):
         version = os.environ["PINSHIM_VERSION"]

@@ -18,7 +18,10 @@ import stat
 import subprocess
 import sys
 import tempfile
+import socket
 import unittest
+
+from shim_job import BUFFER_BYTES, ShimCase, parse_exposition, sample, samples_of
 
 # Under a cross build's emulator (tests/meson.build sets PINSHIM_TEST_EMULATOR)
 # the build machine's programs (python3 itself, true, sh) cannot load the shim,
@@ -159,10 +162,12 @@ class Text(ReportCase):
         rows = table_rows(result.stdout)
         self.assertEqual([row[1] for row in rows], ["100", "101", "200"])
         self.assertEqual(rows[0], ["node1", "100", "train", "exit", "5", "3", "3.0 MiB", "0",
-                                   "0.250 ms", "1 (1.0 MiB)", "-"])
+                                   "0.250 ms", "1 (1.0 MiB)", "-", "-"])
         self.assertEqual(rows[1][6:10], ["2.0 MiB", "0", "500.000 ms", "0 (0 B)"])
         self.assertEqual(rows[2][:3] + rows[2][6:8], ["node2", "200", "loader", "64.0 KiB", "3"])
-        self.assertEqual(rows[2][-1], "cudaErrorInvalidValue 1, cudaErrorMemoryAllocation 2")
+        self.assertEqual(rows[2][-2], "cudaErrorInvalidValue 1, cudaErrorMemoryAllocation 2")
+        # Documents without "accelerator" (older shims) name no runtime.
+        self.assertEqual([row[-1] for row in rows], ["-", "-", "-"])
 
     def test_only_processes_that_did_something_unless_all(self):
         write_json(os.path.join(self.directory, "small.json"),
@@ -239,7 +244,7 @@ class Text(ReportCase):
         document["cudart"].update(usable=False, error="libcudart.so.13: no usable NVIDIA driver")
         write_json(os.path.join(self.directory, "a.json"), document)
         result = run_report(self.directory)
-        self.assertIn("note: node1 pid 9 (train): CUDA runtime not used: libcudart.so.13: "
+        self.assertIn("note: node1 pid 9 (train): GPU runtime not used: libcudart.so.13: "
                       "no usable NVIDIA driver", result.stdout)
 
 
@@ -356,7 +361,7 @@ class Json(ReportCase):
         document = json.loads(result.stdout)
         self.assertEqual(list(document)[:2], ["pinshim_report", "totals"])
         self.assertEqual(list(document).index("processes"), len(document) - 3)
-        self.assertEqual(document["pinshim_report"], 3)
+        self.assertEqual(document["pinshim_report"], 4)
         self.assertEqual(document["files_read"], 4)
         self.assertEqual(document["skipped"], [])
         self.assertIs(document["all_processes"], False)
@@ -511,8 +516,9 @@ class Usage(ReportCase):
         result = run_report("--help")
         self.assertEqual(result.returncode, 0)
         usage = " ".join(result.stdout.split("\n\n")[0].split())
-        self.assertEqual(usage, "usage: pinshim-report [-h] [--all] [--json] [--prune] "
-                                "[--no-runtime-records] FILE [FILE ...]")
+        self.assertEqual(usage, "usage: pinshim-report [-h] [--all] [--json] [--prometheus] "
+                                "[--prometheus-file PATH] [--prune] [--no-runtime-records] "
+                                "FILE [FILE ...]")
         self.assertIn("exit status", result.stdout)
 
     def test_script_is_executable_on_its_own(self):
@@ -566,6 +572,327 @@ class ThroughTheCommandAndTheShim(ReportCase):
         self.assertEqual([(row["pid"], row["exe_name"]) for row in rows],
                          [(process.pid, os.path.basename(os.path.realpath(
                              shutil.which("true"))))])
+
+
+def run_report_in(case, *arguments):
+    """pinshim report with case's runtime directory (a ShimCase's)."""
+    return run_report(*arguments, environment=case.reader_environment())
+
+
+class RunningJob(ShimCase):
+    def test_an_empty_directory_of_a_running_job_is_not_complained_about(self):
+        """Until its first process exits, a job's directory holds no file: its
+        processes are found in the runtime directory, and that is no error."""
+        process = self.start(2)
+        result = run_report_in(self, "--json", self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "")
+        document = json.loads(result.stdout)
+        self.assertEqual([(row["pid"], row["ended_by"]) for row in document["processes"]],
+                         [(process.pid, "running")])
+        self.assertEqual(document["skipped"], [])
+        # Without the runtime directory's records it is empty, and said so.
+        result = run_report_in(self, "--no-runtime-records", self.stats)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn(f"{self.stats}: no *.json or *.live files in this directory; skipped",
+                      result.stderr)
+
+
+# A NUMA object as the shim is to write it (issue 29): bytes registered per
+# node of their pages, the part local to their device, remote and unknown.
+def numa_object(nodes, remote, unknown, device_nodes):
+    return {"device_nodes": {str(device): node for device, node in device_nodes.items()},
+            "nodes": {str(node): {"bytes": size, "local_bytes": local}
+                      for node, (size, local) in nodes.items()},
+            "remote_bytes": remote, "unknown_bytes": unknown}
+
+
+class Numa(ShimCase):
+    """Statistics the shim wrote, with their numa object (rewritten here to
+    place pages on nodes this one-node machine lacks): shown when present,
+    silent when not (PINSHIM_NUMA=0, or a shim from before issue 29)."""
+
+    def add_numa(self, pid, numa):
+        document = self.stats_document(pid)
+        document["numa"] = numa
+        write_json(self.stats_path(pid), document)
+        return document
+
+    def make_numa_job(self):
+        """Three processes: one whose pages were all on its device's node 0,
+        one whose pages were on node 1 (but 64 KiB of unknown node) with its
+        device on node 0, and one from a shim without NUMA statistics."""
+        local, remote = self.ended(2), self.ended(1)
+        old = self.ended(1, extra={"PINSHIM_NUMA": "0"})
+        # As the shim wrote it: every registered byte counted on a node.
+        written = self.stats_document(local)
+        self.assertEqual(sum(node["bytes"] for node in written["numa"]["nodes"].values())
+                         + written["numa"]["unknown_bytes"], written["register"]["bytes"])
+        self.assertNotIn("numa", self.stats_document(old))
+        local_bytes = self.stats_document(local)["register"]["bytes"]
+        remote_bytes = self.stats_document(remote)["register"]["bytes"]
+        self.assertEqual((local_bytes, remote_bytes), (2 * BUFFER_BYTES, BUFFER_BYTES))
+        self.add_numa(local, numa_object({0: (local_bytes, local_bytes)}, 0, 0, {0: 0}))
+        unknown = 65536
+        self.add_numa(remote, numa_object({1: (remote_bytes - unknown, 0)},
+                                          remote_bytes - unknown, unknown, {0: 0}))
+        return local, remote, old
+
+    def test_text(self):
+        local, remote, old = self.make_numa_job()
+        result = run_report_in(self, self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        totals = totals_block(result.stdout)
+        self.assertEqual(totals["numa"], "node 0 2.0 MiB (2.0 MiB local), "
+                                         "node 1 960.0 KiB (0 B local)\n"
+                                         "remote 960.0 KiB (1 process), node unknown 64.0 KiB")
+        header = result.stdout.splitlines()[result.stdout.splitlines().index("") + 1]
+        self.assertEqual(re.split(r"\s{2,}", header)[-3:], ["remote", "errors", "runtime"])
+        remote_cells = {row[1]: row[-3] for row in table_rows(result.stdout)}
+        # Real processes under the shim (create mode): the vendor and the call (issue 27).
+        self.assertEqual({row[-1] for row in table_rows(result.stdout)}, {"CUDA cudaHostRegister"})
+        self.assertEqual(remote_cells, {str(local): "0 B", str(remote): "960.0 KiB",
+                                        str(old): "-"})
+
+    def test_json(self):
+        local, remote, old = self.make_numa_job()
+        result = run_report_in(self, "--json", self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        document = json.loads(result.stdout)
+        self.assertEqual(document["totals"]["numa"], {
+            "processes": 2,
+            "nodes": {"0": {"bytes": 2 * BUFFER_BYTES, "local_bytes": 2 * BUFFER_BYTES},
+                      "1": {"bytes": BUFFER_BYTES - 65536, "local_bytes": 0}},
+            "remote_bytes": BUFFER_BYTES - 65536, "unknown_bytes": 65536,
+            "remote_processes": 1})
+        rows = {row["pid"]: row for row in document["processes"]}
+        self.assertEqual(rows[remote]["numa"], {
+            "nodes": {"1": {"bytes": BUFFER_BYTES - 65536, "local_bytes": 0}},
+            "remote_bytes": BUFFER_BYTES - 65536, "unknown_bytes": 65536,
+            "device_nodes": {"0": 0}})
+        self.assertIsNone(rows[old]["numa"])
+
+    def test_prometheus(self):
+        local, remote, old = self.make_numa_job()
+        result = run_report_in(self, "--prometheus", self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        samples = samples_of(parse_exposition(result.stdout))
+        job = {"stats_dir": self.stats}
+        self.assertEqual(sample(samples, "pinshim_numa_registered_bytes_total", node=0, **job),
+                         2 * BUFFER_BYTES)
+        self.assertEqual(sample(samples, "pinshim_numa_registered_bytes_total", node=1, **job),
+                         BUFFER_BYTES - 65536)
+        self.assertEqual(sample(samples, "pinshim_numa_local_registered_bytes_total", node=1,
+                                **job), 0)
+        self.assertEqual(sample(samples, "pinshim_numa_remote_registered_bytes_total", **job),
+                         BUFFER_BYTES - 65536)
+        self.assertEqual(sample(samples, "pinshim_numa_unknown_registered_bytes_total", **job),
+                         65536)
+        exe = self.stats_document(remote)["exe"]
+        process = dict(job, host=socket.gethostname(), pid=remote, exe=exe)
+        self.assertEqual(sample(samples, "pinshim_process_numa_remote_registered_bytes_total",
+                                **process), BUFFER_BYTES - 65536)
+        self.assertEqual(sample(samples, "pinshim_process_device_numa_node", device=0,
+                                **process), 0)
+        # The process without NUMA statistics has no NUMA series.
+        old_series = [key for key in samples if "numa" in key[0]
+                      and ("pid", str(old)) in key[1]]
+        self.assertEqual(old_series, [])
+
+    def test_missing_keys_are_tolerated(self):
+        first, second = self.ended(1), self.ended(1)
+        self.add_numa(first, {})
+        self.add_numa(second, {"nodes": {"0": {"bytes": 4096}}})
+        result = run_report_in(self, "--json", self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows = {row["pid"]: row for row in json.loads(result.stdout)["processes"]}
+        self.assertEqual(rows[first]["numa"], {"nodes": {}, "remote_bytes": None,
+                                               "unknown_bytes": None, "device_nodes": {}})
+        self.assertEqual(rows[second]["numa"]["nodes"], {"0": {"bytes": 4096,
+                                                               "local_bytes": 0}})
+        result = run_report_in(self, self.stats)
+        self.assertEqual(totals_block(result.stdout)["numa"], "node 0 4.0 KiB (0 B local)")
+        self.assertEqual({row[-2] for row in table_rows(result.stdout)}, {"-"})
+
+    def test_bad_values_skip_the_file(self):
+        cases = {"not an object": ([0], "numa is not an object"),
+                 "node name": ({"nodes": {"zero": {"bytes": 1}}},
+                               "numa.nodes has the key 'zero', which is not a number"),
+                 "node bytes": ({"nodes": {"0": {"bytes": -1}}},
+                                "numa.nodes.0.bytes is not a byte count"),
+                 "device node": ({"device_nodes": {"0": "near"}},
+                                 "numa.device_nodes.0 is not a node number or -1"),
+                 "remote": ({"remote_bytes": 1.5}, "numa.remote_bytes is not a byte count")}
+        pids = {}
+        for name, (numa, _) in cases.items():
+            pids[name] = self.ended(1)
+            self.add_numa(pids[name], numa)
+        result = run_report_in(self, self.stats)
+        self.assertEqual(result.returncode, 1)
+        for name, (_, reason) in cases.items():
+            with self.subTest(case=name):
+                self.assertIn(f"{self.stats_path(pids[name])}: {reason}; skipped", result.stderr)
+
+    def test_without_numa_nothing_is_said(self):
+        self.ended(2, extra={"PINSHIM_NUMA": "0"})
+        self.ended(1, extra={"PINSHIM_NUMA": "0"})
+        text = run_report_in(self, self.stats)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertNotIn("numa", totals_block(text.stdout))
+        self.assertNotIn("remote", text.stdout)
+        document = json.loads(run_report_in(self, "--json", self.stats).stdout)
+        self.assertIsNone(document["totals"]["numa"])
+        self.assertEqual({row["numa"] for row in document["processes"]}, {None})
+        exposition = run_report_in(self, "--prometheus", self.stats).stdout
+        self.assertEqual([family["name"] for family in parse_exposition(exposition)
+                          if "numa" in family["name"]], [])
+
+
+def check_conventions(case, families):
+    """Prometheus' naming rules, as pinshim keeps them: a pinshim_ prefix,
+    help and a type for every family, _total on counters' samples, each
+    series once, and a process's series labelled with its job, host, pid
+    and executable."""
+    samples_of(families)  # raises on a series given twice
+    for family in families:
+        with case.subTest(family=family["name"]):
+            case.assertTrue(family["name"].startswith("pinshim_"), family["name"])
+            case.assertIn(family["type"], ("counter", "gauge"))
+            case.assertTrue(family["help"], "no HELP line")
+            for name, labels, _ in family["samples"]:
+                if family["type"] == "counter":
+                    case.assertEqual(name, family["name"] + "_total")
+                else:
+                    case.assertEqual(name, family["name"])
+                if family["name"].startswith("pinshim_process_"):
+                    case.assertLessEqual({"stats_dir", "host", "pid", "exe"}, set(labels))
+                elif family["name"] != "pinshim_report_skipped_files":
+                    case.assertIn("stats_dir", labels)
+                    case.assertNotIn("pid", labels)
+
+
+class Prometheus(ShimCase):
+    def make_job(self):
+        """Four processes, each ended its way: exit, _exit, killed, running.
+        Returns {pid: (locks, how it ended)}."""
+        processes = {self.ended(2, "exit"): (2, "exit"),
+                     self.ended(1, "_exit"): (1, "_exit"),
+                     self.ended(3, signal.SIGKILL): (3, "killed")}
+        running = self.start(1)
+        processes[running.pid] = (1, "running")
+        return processes
+
+    def test_a_job_from_the_shim(self):
+        processes = self.make_job()
+        result = run_report_in(self, "--prometheus", self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        families = parse_exposition(result.stdout)
+        check_conventions(self, families)
+        samples = samples_of(families)
+        document = json.loads(run_report_in(self, "--json", "--all", self.stats).stdout)
+        job = {"stats_dir": self.stats}
+        locks = sum(count for count, _ in processes.values())
+        self.assertEqual(sample(samples, "pinshim_registrations_total", **job), locks)
+        self.assertEqual(sample(samples, "pinshim_registered_bytes_total", **job),
+                         locks * BUFFER_BYTES)
+        self.assertEqual(sample(samples, "pinshim_device_registered_bytes_total", device=0,
+                                **job), locks * BUFFER_BYTES)
+        for ended in ("exit", "_exit", "killed", "running"):
+            with self.subTest(ended=ended):
+                self.assertEqual(sample(samples, "pinshim_processes", ended=ended, **job), 1)
+        totals = document["totals"]
+        for name, key in (("pinshim_live_registered_bytes", "live_bytes"),
+                          ("pinshim_lock_calls_total", "locks"),
+                          ("pinshim_registering_seconds_total", "register_seconds")):
+            with self.subTest(metric=name):
+                self.assertAlmostEqual(sample(samples, name, **job), totals[key], places=6)
+        for operation in ("register", "unregister"):
+            self.assertEqual(sample(samples, "pinshim_failures_total", operation=operation,
+                                    **job), 0)
+        rows = {row["pid"]: row for row in document["processes"]}
+        self.assertEqual(set(rows), set(processes))
+        for pid, (count, ended) in processes.items():
+            with self.subTest(pid=pid, ended=ended):
+                row = rows[pid]
+                self.assertEqual(row["ended_by"], ended)
+                labels = dict(job, host=socket.gethostname(), pid=pid, exe=row["exe"])
+                self.assertEqual(row["exe"], os.path.realpath(os.environ["LIVE_ENDINGS"]))
+                self.assertEqual(sample(samples, "pinshim_process_registrations_total",
+                                        **labels), count)
+                self.assertEqual(sample(samples, "pinshim_process_registered_bytes_total",
+                                        **labels), count * BUFFER_BYTES)
+                self.assertEqual(sample(samples, "pinshim_process_live_registered_bytes",
+                                        **labels), row["live_bytes"])
+
+    def test_label_values_are_escaped(self):
+        pid = self.ended(1)
+        document = self.stats_document(pid)
+        document["exe"] = '/opt/a "quoted"\\dir/new\nline/train'
+        document["host"] = "node\\7"
+        write_json(self.stats_path(pid), document)
+        result = run_report_in(self, "--prometheus", self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn('exe="/opt/a \\"quoted\\"\\\\dir/new\\nline/train"', result.stdout)
+        samples = samples_of(parse_exposition(result.stdout))
+        self.assertEqual(sample(samples, "pinshim_process_registrations_total",
+                                stats_dir=self.stats, host="node\\7", pid=pid,
+                                exe=document["exe"]), 1)
+
+    def test_file_written_atomically(self):
+        self.ended(2)
+        path = os.path.join(self.directory, "textfile", "pinshim.prom")
+        os.mkdir(os.path.dirname(path))
+        write_json(path, {"stale": True})
+        before = os.stat(path)
+        result = run_report_in(self, "--prometheus-file", path, self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, "", "the file is the output")
+        with open(path, encoding="utf-8") as handle:
+            written = handle.read()
+        self.assertEqual(written, run_report_in(self, "--prometheus", self.stats).stdout)
+        # Renamed over the old file, not written into it; nothing left beside.
+        self.assertNotEqual(os.stat(path).st_ino, before.st_ino)
+        self.assertEqual(os.listdir(os.path.dirname(path)), ["pinshim.prom"])
+        # Both at once: the file, and the same on standard output.
+        result = run_report_in(self, "--prometheus", "--prometheus-file", path, self.stats)
+        with open(path, encoding="utf-8") as handle:
+            self.assertEqual(handle.read(), result.stdout)
+
+    def test_file_replaced_even_when_nothing_is_read(self):
+        """A job whose files went: the old metrics must not stay."""
+        path = os.path.join(self.directory, "pinshim.prom")
+        pid = self.ended(1)
+        self.assertEqual(run_report_in(self, "--prometheus-file", path, self.stats).returncode, 0)
+        os.unlink(self.stats_path(pid))
+        result = run_report_in(self, "--prometheus-file", path, self.stats)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("no stats file could be read", result.stderr)
+        with open(path, encoding="utf-8") as handle:
+            samples = samples_of(parse_exposition(handle.read()))
+        self.assertEqual(list(samples), [("pinshim_report_skipped_files", frozenset())])
+        self.assertEqual(sample(samples, "pinshim_report_skipped_files"), 1)
+
+    def test_bad_values(self):
+        self.ended(1)
+        missing = os.path.join(self.directory, "missing", "pinshim.prom")
+        cases = {("--prometheus-file", missing):
+                 f"argument --prometheus-file: {missing}: no such directory "
+                 f"{os.path.dirname(missing)}",
+                 ("--prometheus-file", self.directory):
+                 f"argument --prometheus-file: {self.directory} is a directory",
+                 ("--prometheus-file", ""): "argument --prometheus-file: an empty path",
+                 ("--json", "--prometheus"): "--json and --prometheus both print"}
+        for arguments, message in cases.items():
+            with self.subTest(arguments=arguments):
+                result = run_report_in(self, *arguments, self.stats)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn(f"pinshim-report: error: {message}", result.stderr)
+                self.assertEqual(result.stdout, "")
+        # A file that cannot be made: named, with the temporary name tried.
+        result = run_report_in(self, "--prometheus-file", "/proc/pinshim.prom", self.stats)
+        self.assertEqual(result.returncode, 1)
+        self.assertRegex(result.stderr, r"pinshim-report: --prometheus-file /proc/pinshim.prom: "
+                                        r"/proc/pinshim.prom.tmp.\d+: ")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
  * registered base) and records what it was asked; the "real calls" are
  * scripted too (succeed, fail with an errno, or wait for the test). */
 #include "engine.h"
+#include "log.h"
+#include "mock_codes.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -61,7 +63,7 @@ static enum engine_choice mock_choose_place(void *context, bool from_worker,
     return choice;
 }
 
-static int mock_register(void *context, struct range_place *place, void *base, size_t length)
+static int mock_register_code(void *context, struct range_place *place, void *base, size_t length)
 {
     (void)context;
     if (mock.register_delay)
@@ -84,7 +86,7 @@ static int mock_register(void *context, struct range_place *place, void *base, s
         if (start < r->base + r->length && r->base < end) {
             if (!r->foreign)
                 mock.overlap_violations++;
-            result = ENGINE_CUDA_ALREADY_REGISTERED;
+            result = MOCK_ALREADY_REGISTERED;
             goto out;
         }
     }
@@ -95,7 +97,13 @@ out:
     return result;
 }
 
-static int mock_unregister(void *context, const struct range_place *place, void *base)
+static struct engine_result mock_register(void *context, struct range_place *place, void *base,
+                                          size_t length)
+{
+    return mock_result(mock_register_code(context, place, base, length));
+}
+
+static int mock_unregister_code(void *context, const struct range_place *place, void *base)
 {
     (void)context;
     (void)place;
@@ -105,7 +113,7 @@ static int mock_unregister(void *context, const struct range_place *place, void 
         pthread_cond_broadcast(&mock.changed);
         pthread_cond_wait(&mock.changed, &mock.mutex);
     }
-    int result = ENGINE_CUDA_NOT_REGISTERED;
+    int result = MOCK_NOT_REGISTERED;
     __atomic_fetch_add(&mock.unregister_calls, 1, __ATOMIC_RELEASE);
     if (mock.count_only) {
         mock.live_count--;
@@ -132,6 +140,12 @@ static int mock_unregister(void *context, const struct range_place *place, void 
 out:
     pthread_mutex_unlock(&mock.mutex);
     return result;
+}
+
+static struct engine_result mock_unregister(void *context, const struct range_place *place,
+                                            void *base)
+{
+    return mock_result(mock_unregister_code(context, place, base));
 }
 
 static const char *mock_error_name(void *context, int error)
@@ -267,7 +281,7 @@ static long run_scripted(void *arguments)
     return script != NULL ? script->result : 0;
 }
 
-static const struct engine_call succeeds = {run_scripted, NULL};
+static const struct engine_call succeeds = {run_scripted, NULL, "test"};
 
 static void lock(uintptr_t addr, size_t length)
 {
@@ -390,7 +404,7 @@ Test(engine, node_pool_reserve_readies_nodes)
 Test(engine, failed_lock_registers_nothing_and_keeps_errno)
 {
     struct scripted fails = {.result = -1, .error = EAGAIN};
-    struct engine_call call = {run_scripted, &fails};
+    struct engine_call call = {run_scripted, &fails, "test"};
     errno = 0;
     cr_assert_eq(engine_lock(&engine, A(0), 64 * PAGE, 0, &call), -1);
     cr_assert_eq(errno, EAGAIN);
@@ -531,7 +545,7 @@ Test(engine, failed_unlock_restores_what_stays_locked)
     lock(A(0), 64 * PAGE);
     mock.unmapped_from = A(16 * PAGE); /* page 16 is the first not mapped */
     struct scripted fails = {.result = -1, .error = ENOMEM};
-    struct engine_call call = {run_scripted, &fails};
+    struct engine_call call = {run_scripted, &fails, "test"};
     errno = 0;
     cr_assert_eq(engine_unlock(&engine, A(0), A(64 * PAGE), RELEASE_MUNLOCK,
                                ENGINE_FAILED_UNLOCKED_TO_HOLE, &call),
@@ -545,7 +559,7 @@ Test(engine, failed_munmap_restores_everything)
 {
     lock(A(0), 64 * PAGE);
     struct scripted fails = {.result = -1, .error = EINVAL};
-    struct engine_call call = {run_scripted, &fails};
+    struct engine_call call = {run_scripted, &fails, "test"};
     engine_unlock(&engine, A(8 * PAGE), A(24 * PAGE), RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING,
                   &call);
     uintptr_t expected[] = {A(0),         A(8 * PAGE),  A(8 * PAGE),
@@ -728,7 +742,7 @@ struct lock_job {
 static void *lock_job_main(void *argument)
 {
     struct lock_job *job = argument;
-    struct engine_call call = {run_scripted, &job->script};
+    struct engine_call call = {run_scripted, &job->script, "test"};
     engine_lock(&engine, job->addr, job->length, 0, &call);
     return NULL;
 }
@@ -1078,7 +1092,7 @@ static long run_program_register(void *arguments)
         if (range[0] < mock.ranges[i].base + mock.ranges[i].length &&
             mock.ranges[i].base < range[1]) {
             pthread_mutex_unlock(&mock.mutex);
-            return ENGINE_CUDA_ALREADY_REGISTERED;
+            return MOCK_ALREADY_REGISTERED;
         }
     mock.ranges[mock.count++] = (struct mock_range){range[0], range[1] - range[0], 0, true};
     pthread_mutex_unlock(&mock.mutex);
@@ -1096,7 +1110,7 @@ static long run_program_unregister(void *arguments)
             return 0;
         }
     pthread_mutex_unlock(&mock.mutex);
-    return ENGINE_CUDA_NOT_REGISTERED;
+    return MOCK_NOT_REGISTERED;
 }
 
 Test(engine, program_registration_takes_the_pages_over)
@@ -1104,7 +1118,7 @@ Test(engine, program_registration_takes_the_pages_over)
     lock(A(0), 64 * PAGE);
     /* The program registers bytes inside pages 10..20 itself. */
     uintptr_t program[2] = {A(10 * PAGE) + 100, A(20 * PAGE) - 100};
-    struct engine_call call = {run_program_register, program};
+    struct engine_program_call call = {{run_program_register, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_register(&engine, program[0], program[1] - program[0], 0, &call),
                  0);
     uintptr_t expected[] = {A(0), A(10 * PAGE), A(20 * PAGE), A(64 * PAGE)};
@@ -1128,12 +1142,12 @@ Test(engine, program_unregistration_lets_the_shim_take_the_pages_back)
 {
     lock(A(0), 64 * PAGE);
     uintptr_t program[2] = {A(10 * PAGE), A(20 * PAGE)};
-    struct engine_call call = {run_program_register, program};
+    struct engine_program_call call = {{run_program_register, program, "test"}, MOCK_OK};
     engine_program_register(&engine, program[0], program[1] - program[0], 0, &call);
     mock.locked[0][0] = A(0);
     mock.locked[0][1] = A(64 * PAGE); /* still locked in the kernel */
     mock.locked_count = 1;
-    struct engine_call undo = {run_program_unregister, program};
+    struct engine_program_call undo = {{run_program_unregister, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
     uintptr_t expected[] = {A(0),         A(10 * PAGE), A(10 * PAGE),
                             A(20 * PAGE), A(20 * PAGE), A(64 * PAGE)};
@@ -1148,11 +1162,11 @@ Test(engine, take_back_follows_the_registry_without_asking_the_kernel)
 {
     lock(A(0), 64 * PAGE);
     uintptr_t program[2] = {A(10 * PAGE), A(20 * PAGE)};
-    struct engine_call call = {run_program_register, program};
+    struct engine_program_call call = {{run_program_register, program, "test"}, MOCK_OK};
     engine_program_register(&engine, program[0], program[1] - program[0], 0, &call);
     mock.locked_count = 0; /* the kernel view would say: nothing locked */
     uint64_t asked = mock.locked_parts_calls;
-    struct engine_call undo = {run_program_unregister, program};
+    struct engine_program_call undo = {{run_program_unregister, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
     cr_assert_eq(mock.locked_parts_calls, asked, "the take-back asked the kernel");
     uintptr_t expected[] = {A(0),         A(10 * PAGE), A(10 * PAGE),
@@ -1165,12 +1179,12 @@ Test(engine, take_back_follows_the_registry_without_asking_the_kernel)
 Test(engine, take_back_of_what_was_unlocked_and_locked_under_the_program)
 {
     uintptr_t program[2] = {A(0), A(64 * PAGE)};
-    struct engine_call call = {run_program_register, program};
+    struct engine_program_call call = {{run_program_register, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_register(&engine, program[0], 64 * PAGE, 0, &call), 0);
     lock(A(0), 32 * PAGE); /* the program's: nothing registered by the shim */
     expect_ranges(NULL, 0);
     unlock(A(0), A(16 * PAGE), RELEASE_MUNLOCK);
-    struct engine_call undo = {run_program_unregister, program};
+    struct engine_program_call undo = {{run_program_unregister, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
     uintptr_t expected[] = {A(16 * PAGE), A(32 * PAGE)};
     expect_ranges(expected, 1);
@@ -1186,9 +1200,9 @@ Test(engine, asynchronous_take_back_is_cancelled_by_the_unlock_after_it)
     restart_engine(options(true, 0));
     uintptr_t program[2] = {A(0), A(64 * PAGE)};
     lock(A(0), 64 * PAGE);
-    struct engine_call call = {run_program_register, program};
+    struct engine_program_call call = {{run_program_register, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_register(&engine, program[0], 64 * PAGE, 0, &call), 0);
-    struct engine_call undo = {run_program_unregister, program};
+    struct engine_program_call undo = {{run_program_unregister, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
     cr_assert_eq(engine.queued_ranges, 1, "the take-back was not queued");
     unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
@@ -1203,7 +1217,7 @@ Test(engine, program_registration_drops_queued_and_pending_ranges)
     restart_engine(options(true, 0));
     lock(A(0), 64 * PAGE);
     uintptr_t program[2] = {A(0), A(64 * PAGE)};
-    struct engine_call call = {run_program_register, program};
+    struct engine_program_call call = {{run_program_register, program, "test"}, MOCK_OK};
     engine_program_register(&engine, program[0], 64 * PAGE, 0, &call);
     engine_worker_run(&engine, 1000000, false);
     cr_assert_eq(mock.register_calls, 0, "the shim registered what the program took");
@@ -1218,9 +1232,9 @@ Test(engine, a_failed_program_registration_gives_the_pages_back)
     pthread_mutex_unlock(&mock.mutex);
     /* The program's range reaches memory it registered before: 712 for it. */
     uintptr_t program[2] = {A(32 * PAGE), A(101 * PAGE)};
-    struct engine_call call = {run_program_register, program};
+    struct engine_program_call call = {{run_program_register, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_register(&engine, program[0], program[1] - program[0], 0, &call),
-                 ENGINE_CUDA_ALREADY_REGISTERED);
+                 MOCK_ALREADY_REGISTERED);
     uintptr_t expected[] = {A(0), A(32 * PAGE), A(32 * PAGE), A(64 * PAGE)};
     expect_ranges(expected, 2);
 }
@@ -1463,4 +1477,80 @@ Test(engine, free_fast_check_gate)
     cr_assert_eq(*engine.gate, A(64 * PAGE) - 1);
     unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
     cr_assert_eq(*engine.gate, 0, "no record: the gate is closed again");
+}
+
+/* ---- NUMA placement (issue 29) ---- */
+
+/* Pages lie on node 0 below arena + 16 MiB and on node 1 above; the mock's
+ * devices sit nearest node device % 2, device 3 nowhere known. */
+#define NUMA_SPLIT ((uintptr_t)16 << 20)
+
+static bool mock_page_nodes(void *context, uintptr_t start, uintptr_t end,
+                            struct numa_placement *out)
+{
+    (void)context;
+    uintptr_t split = (uintptr_t)arena + NUMA_SPLIT;
+    if (start < split)
+        out->bytes[0] += (end < split ? end : split) - start;
+    if (end > split)
+        out->bytes[1] += end - (start > split ? start : split);
+    return true;
+}
+
+static int mock_device_node(void *context, const struct range_place *place)
+{
+    (void)context;
+    return place->device == 3 ? -1 : place->device % 2;
+}
+
+static struct engine_backend numa_backend;
+
+static void restart_with_numa(bool numa)
+{
+    numa_backend = mock_backend;
+    numa_backend.page_nodes = mock_page_nodes;
+    numa_backend.device_node = mock_device_node;
+    struct engine_options wanted = options(false, 0);
+    wanted.numa = numa;
+    engine_destroy(&engine);
+    cr_assert(engine_init(&engine, &numa_backend, &wanted));
+}
+
+/* Bytes by node, local to the registration's device or remote, the device's
+ * node; one warning for the process, however much is remote. */
+Test(engine, numa_bytes_by_node_local_and_remote)
+{
+    restart_with_numa(true);
+    uint64_t warnings = log_warning_count();
+    mock.device = 1;                           /* nearest node 1 */
+    lock(A(0), 32 << 20);                      /* 16 MiB on node 0 (remote), 16 on node 1 */
+    lock(A(NUMA_SPLIT + (32 << 20)), 8 << 20); /* 8 MiB on node 1 (local) */
+    mock.device = 3;                           /* node unknown */
+    lock(A(NUMA_SPLIT + (64 << 20)), 4 << 20);
+    struct engine_statistics *statistics = engine_stats(&engine);
+    cr_assert_eq(statistics->numa_nodes[0].bytes, 16 << 20);
+    cr_assert_eq(statistics->numa_nodes[0].local_bytes, 0);
+    cr_assert_eq(statistics->numa_nodes[1].bytes, (16 + 8 + 4) << 20);
+    cr_assert_eq(statistics->numa_nodes[1].local_bytes, (16 + 8) << 20);
+    cr_assert_eq(statistics->numa_remote_bytes, 16 << 20);
+    cr_assert_eq(statistics->device_nodes[1], 1);
+    cr_assert_eq(statistics->device_nodes[3], -1);
+    cr_assert_eq(statistics->device_nodes[0], -1, "a device never used stays unknown");
+    cr_assert_eq(log_warning_count() - warnings, 1, "remote memory is warned about once");
+    mock.device = 0; /* nearest node 0: the 16 MiB on node 1 are remote now */
+    unlock(A(0), A(32 << 20), RELEASE_MUNLOCK);
+    lock(A(0), 32 << 20);
+    cr_assert_eq(statistics->numa_remote_bytes, (16 + 16) << 20);
+    cr_assert_eq(statistics->numa_nodes[0].local_bytes, 16 << 20);
+    cr_assert_eq(log_warning_count() - warnings, 1);
+}
+
+Test(engine, numa_off_counts_nothing)
+{
+    restart_with_numa(false);
+    mock.device = 1;
+    lock(A(0), 32 << 20);
+    cr_assert_eq(engine_stats(&engine)->numa_nodes[0].bytes, 0);
+    cr_assert_eq(engine_stats(&engine)->numa_nodes[1].bytes, 0);
+    cr_assert_eq(engine_stats(&engine)->device_nodes[1], -1);
 }

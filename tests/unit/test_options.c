@@ -317,14 +317,25 @@ Test(options, flags_set_values_their_parser_takes)
 static struct pinshim_config load_all_set(bool secure_execution)
 {
     static const char *const values[OPT_COUNT] = {
-        [OPT_REGISTER] = "off",      [OPT_MIN_BYTES] = "1M",
-        [OPT_FLAGS] = "portable",    [OPT_CUDART] = "/tmp/evil/libcudart.so",
-        [OPT_STATS] = "/tmp/x.json", [OPT_STATS_ALL] = "1",
-        [OPT_LOG] = "warn",          [OPT_BLOCK_SIZE] = "allocator",
-        [OPT_CONTEXT] = "create",    [OPT_DEVICE] = "2",
-        [OPT_ASYNC] = "on",          [OPT_MAX_REGISTRATION] = "1G",
-        [OPT_ONFAULT] = "skip",      [OPT_FORK] = "dontfork",
-        [OPT_FORK_WARN] = "0",       [OPT_LIVE] = "/tmp/live-records",
+        [OPT_REGISTER] = "off",
+        [OPT_MIN_BYTES] = "1M",
+        [OPT_FLAGS] = "portable",
+        [OPT_CUDART] = "/tmp/evil/libcudart.so",
+        [OPT_STATS] = "/tmp/x.json",
+        [OPT_STATS_ALL] = "1",
+        [OPT_LOG] = "warn",
+        [OPT_BLOCK_SIZE] = "allocator",
+        [OPT_CONTEXT] = "create",
+        [OPT_VENDOR] = "hip",
+        [OPT_DEVICE] = "2",
+        [OPT_ASYNC] = "on",
+        [OPT_MAX_REGISTRATION] = "1G",
+        [OPT_ONFAULT] = "skip",
+        [OPT_FORK] = "dontfork",
+        [OPT_FORK_WARN] = "0",
+        [OPT_LIVE] = "/tmp/live-records",
+        [OPT_NUMA] = "off",
+        [OPT_NVTX] = "off",
     };
     struct big_environment environment = {{0}, {0}};
     for (int i = 0; i < OPT_COUNT; i++) {

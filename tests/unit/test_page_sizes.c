@@ -8,6 +8,7 @@
  * is made of whole pages. */
 #include "block_extent.h"
 #include "engine.h"
+#include "mock_codes.h"
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -46,7 +47,7 @@ static enum engine_choice choose_place(void *context, bool from_worker,
     return ENGINE_PLACE_READY;
 }
 
-static int register_range(void *context, struct range_place *place, void *base, size_t length)
+static int register_range_code(void *context, struct range_place *place, void *base, size_t length)
 {
     (void)context;
     (void)place;
@@ -55,36 +56,48 @@ static int register_range(void *context, struct range_place *place, void *base, 
     backend.register_calls++;
     if (start % backend.page != 0 || length % backend.page != 0 || length == 0)
         backend.partial_pages++;
-    int result = ENGINE_CUDA_SUCCESS;
-    for (size_t i = 0; i < backend.count && result == ENGINE_CUDA_SUCCESS; i++) {
+    int result = MOCK_OK;
+    for (size_t i = 0; i < backend.count && result == MOCK_OK; i++) {
         const struct registered_range *range = &backend.ranges[i];
         if (start < range->base + range->length && range->base < end) {
             backend.overlaps++;
-            result = ENGINE_CUDA_ALREADY_REGISTERED;
+            result = MOCK_ALREADY_REGISTERED;
         }
     }
-    if (result == ENGINE_CUDA_SUCCESS && backend.count < MAX_RANGES)
+    if (result == MOCK_OK && backend.count < MAX_RANGES)
         backend.ranges[backend.count++] = (struct registered_range){start, length};
     pthread_mutex_unlock(&backend.mutex);
     return result;
 }
 
-static int unregister_range(void *context, const struct range_place *place, void *base)
+static struct engine_result register_range(void *context, struct range_place *place, void *base,
+                                           size_t length)
+{
+    return mock_result(register_range_code(context, place, base, length));
+}
+
+static int unregister_range_code(void *context, const struct range_place *place, void *base)
 {
     (void)context;
     (void)place;
     pthread_mutex_lock(&backend.mutex);
     backend.unregister_calls++;
-    int result = ENGINE_CUDA_NOT_REGISTERED;
+    int result = MOCK_NOT_REGISTERED;
     for (size_t i = 0; i < backend.count; i++) {
         if (backend.ranges[i].base == (uintptr_t)base) {
             backend.ranges[i] = backend.ranges[--backend.count];
-            result = ENGINE_CUDA_SUCCESS;
+            result = MOCK_OK;
             break;
         }
     }
     pthread_mutex_unlock(&backend.mutex);
     return result;
+}
+
+static struct engine_result unregister_range(void *context, const struct range_place *place,
+                                             void *base)
+{
+    return mock_result(unregister_range_code(context, place, base));
 }
 
 static const struct engine_backend scripted_backend = {
@@ -130,7 +143,7 @@ static long succeed(void *arguments)
     return 0;
 }
 
-static const struct engine_call succeeds = {succeed, NULL};
+static const struct engine_call succeeds = {succeed, NULL, "test"};
 
 static void lock(uintptr_t addr, size_t length)
 {

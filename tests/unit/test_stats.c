@@ -28,9 +28,13 @@ static void fill(struct stats_report *report)
     strcpy(report->host, "node\"01\\");
     strcpy(report->exe, "/usr/bin/prog\twith\ncontrol");
     report->config = &config;
-    report->cudart_loaded = true;
-    report->cudart_usable = true;
-    report->cudart_path = "/usr/local/cuda/lib64/libcudart.so.13";
+    report->runtime_loaded = true;
+    report->runtime_usable = true;
+    report->runtime_path = "/usr/local/cuda/lib64/libcudart.so.13";
+    report->vendor = "cuda";
+    report->vendor_title = "CUDA";
+    report->register_call = "cuMemHostRegister";
+    report->unregister_call = "cuMemHostUnregister";
     report->counters.register_ok = 5;
     report->counters.register_bytes = 5 << 20;
     report->counters.register_nanoseconds = 1500000000;
@@ -96,6 +100,15 @@ Test(stats, json_is_valid_and_has_the_documented_keys)
     cr_assert(json_lite_get_bool(doc, "cudart.loaded", &loaded));
     cr_assert(loaded);
     cr_assert_eq(json_lite_type(doc, "cudart.error"), JSON_LITE_NULL);
+    /* The vendor and its calls (issue 27). */
+    cr_assert(json_lite_get_string(doc, "accelerator.vendor", text, sizeof(text)));
+    cr_assert_str_eq(text, "cuda");
+    cr_assert(json_lite_get_string(doc, "accelerator.register_call", text, sizeof(text)));
+    cr_assert_str_eq(text, "cuMemHostRegister");
+    cr_assert(json_lite_get_string(doc, "accelerator.unregister_call", text, sizeof(text)));
+    cr_assert_str_eq(text, "cuMemHostUnregister");
+    cr_assert(json_lite_get_string(doc, "accelerator.library", text, sizeof(text)));
+    cr_assert_str_eq(text, "/usr/lib/x86_64-linux-gnu/libcuda.so.1");
     const char *numbers[] = {"register.ok",
                              "register.failed",
                              "register.already_registered",
@@ -150,9 +163,9 @@ Test(stats, json_without_runtime_has_nulls)
 {
     struct stats_report report;
     fill(&report);
-    report.cudart_loaded = report.cudart_usable = false;
-    report.cudart_path = NULL;
-    report.cudart_error = "no CUDA runtime found";
+    report.runtime_loaded = report.runtime_usable = false;
+    report.runtime_path = NULL;
+    report.runtime_error = "no CUDA runtime found";
     report.error_count = 0;
     char *doc = render_json(&report);
     char why[256];
@@ -178,10 +191,10 @@ Test(stats, text_summary_says_the_same)
     const char *headline = "pinshim: pid 4242 on node\"01\\: registered 5 (5.0 MiB in 1.500 s), "
                            "unregistered 4, failed 0+0, live at exit 1 (1.0 MiB)\n";
     cr_assert(strncmp(text, headline, strlen(headline)) == 0, "%s", text);
-    cr_assert(
-        strstr(text, "context: the program's, through /usr/lib/x86_64-linux-gnu/libcuda.so.1") !=
-            NULL,
-        "%s", text);
+    cr_assert(strstr(text,
+                     "context: the program's CUDA, through /usr/lib/x86_64-linux-gnu/libcuda.so.1 "
+                     "(cuMemHostRegister)") != NULL,
+              "%s", text);
     cr_assert(strstr(text, "deferred 2 range(s) until the program had a context: 1 registered "
                            "later, 0 released first, 1 (2.0 MiB) still waiting at exit") != NULL,
               "%s", text);
@@ -199,6 +212,8 @@ Test(stats, text_summary_of_create_mode_names_the_runtime)
     fill(&report);
     config.context_mode = CONTEXT_CREATE;
     report.contexts_created = 1;
+    report.driver_path = NULL;
+    report.register_call = "cudaHostRegister";
     int pipe_fds[2];
     cr_assert_eq(pipe(pipe_fds), 0);
     cr_assert(stats_write_text(pipe_fds[1], &report));
@@ -207,8 +222,9 @@ Test(stats, text_summary_of_create_mode_names_the_runtime)
     ssize_t n = read(pipe_fds[0], text, sizeof(text) - 1);
     close(pipe_fds[0]);
     text[n > 0 ? n : 0] = '\0';
-    cr_assert(strstr(text, "runtime /usr/local/cuda/lib64/libcudart.so.13; 1 context(s) created "
-                           "by the shim") != NULL,
+    cr_assert(strstr(text,
+                     "runtime /usr/local/cuda/lib64/libcudart.so.13 (CUDA, cudaHostRegister); "
+                     "1 context(s) created by the shim") != NULL,
               "%s", text);
 }
 

@@ -1,9 +1,11 @@
 /* The process's live record (live_record.h): made at its first lock, where
  * PINSHIM_LIVE says, the engine's counters moved into it; ended at exit or
- * _exit, forgotten in a fork child, taken over by the next image after exec. */
+ * _exit, forgotten in a fork child, taken over by the next image after exec.
+ * What it needs of the process comes in its arguments (live_process.h). */
+#include "live_process.h"
+
 #include "live_record.h"
 #include "log.h"
-#include "runtime.h"
 #include "stats.h"
 
 #include <errno.h>
@@ -14,7 +16,7 @@
 
 enum live_state { LIVE_NOT_TRIED = 0, LIVE_STARTING, LIVE_ACTIVE, LIVE_NONE };
 
-int runtime_live_state;
+int live_process_state;
 /* The default directory's records of processes that are gone: those with a
  * statistics file stay a day, for pinshim report DIR; a process looks at no
  * more than this many names when it makes its own record. */
@@ -23,32 +25,26 @@ int runtime_live_state;
 
 static struct live_record record;
 
-static const char *context_mode_name(void)
-{
-    return runtime_config.context_mode == CONTEXT_CREATE ? "create" : "program";
-}
-
-void runtime_live_record_start(void)
+void live_process_start(const struct pinshim_config *config, struct engine *engine, bool fork_child)
 {
     int expected = LIVE_NOT_TRIED;
-    if (!__atomic_compare_exchange_n(&runtime_live_state, &expected, LIVE_STARTING, false,
+    if (!__atomic_compare_exchange_n(&live_process_state, &expected, LIVE_STARTING, false,
                                      __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
         return;
     int saved_errno = errno;
     int outcome = LIVE_NONE;
     /* No record in secure-execution mode: a setuid program must not write
      * where its caller's environment says, nor leave its counters behind. */
-    if (runtime_config.live_mode == LIVE_OFF || config_secure_execution() ||
-        !runtime_is_initialized())
+    if (config == NULL || config->live_mode == LIVE_OFF || config_secure_execution())
         goto done;
     char directory[CONFIG_PATH_MAX];
-    bool private_directory = runtime_config.live_mode == LIVE_AUTO;
+    bool private_directory = config->live_mode == LIVE_AUTO;
     if (private_directory) {
         if (!live_record_default_directory(getenv("XDG_RUNTIME_DIR"), (unsigned)geteuid(),
                                            directory, sizeof(directory)))
             goto done;
     } else {
-        snprintf(directory, sizeof(directory), "%s", runtime_config.live_directory);
+        snprintf(directory, sizeof(directory), "%s", config->live_directory);
     }
     char why[CONFIG_PATH_MAX + 128];
     int directory_fd = live_record_open_directory(directory, private_directory, why, sizeof(why));
@@ -67,8 +63,8 @@ void runtime_live_record_start(void)
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     exe[n > 0 ? n : 0] = '\0';
     char stats_path[CONFIG_PATH_MAX] = "";
-    if (runtime_config.stats_mode == STATS_JSON &&
-        !stats_expand_path(runtime_config.stats_path, (long)getpid(), host, stats_path,
+    if (config->stats_mode == STATS_JSON &&
+        !stats_expand_path(config->stats_path, (long)getpid(), host, stats_path,
                            sizeof(stats_path)))
         stats_path[0] = '\0';
     char base_name[300];
@@ -76,9 +72,9 @@ void runtime_live_record_start(void)
     struct live_record_identity identity = {
         .host = host,
         .exe = exe,
-        .context_mode = context_mode_name(),
+        .context_mode = config->context_mode == CONTEXT_CREATE ? "create" : "program",
         .stats_path = stats_path[0] != '\0' ? stats_path : NULL,
-        .fork_child = runtime_is_fork_child(),
+        .fork_child = fork_child,
     };
     /* The default directory is pruned; a directory the user named is left
      * to the user (pinshim report --prune). */
@@ -92,28 +88,28 @@ void runtime_live_record_start(void)
                  directory, why);
         goto done;
     }
-    engine_statistics_move_to(&runtime_engine, place);
+    engine_statistics_move_to(engine, place);
     log_debug("live record %s/%s", directory, record.name);
     if (prune.removed > 0)
         log_debug("removed %zu live record(s) of processes gone from %s", prune.removed, directory);
     outcome = LIVE_ACTIVE;
 done:
-    __atomic_store_n(&runtime_live_state, outcome, __ATOMIC_RELEASE);
+    __atomic_store_n(&live_process_state, outcome, __ATOMIC_RELEASE);
     errno = saved_errno;
 }
 
 static bool live_active(void)
 {
-    return __atomic_load_n(&runtime_live_state, __ATOMIC_ACQUIRE) == LIVE_ACTIVE;
+    return __atomic_load_n(&live_process_state, __ATOMIC_ACQUIRE) == LIVE_ACTIVE;
 }
 
-void runtime_live_record_exiting(void)
+void live_process_exiting(void)
 {
     if (live_active())
         live_record_set_state(&record, LIVE_RECORD_EXITING, NULL);
 }
 
-void runtime_live_record_finish(const char *ended_by, bool statistics_kept)
+void live_process_finish(const char *ended_by, bool statistics_kept, bool statistics_to_file)
 {
     if (!live_active())
         return;
@@ -121,15 +117,15 @@ void runtime_live_record_finish(const char *ended_by, bool statistics_kept)
      * or when no statistics were asked for (a clean end leaves nothing, as
      * before live records); a JSON file that could not be written leaves
      * the record, ended, so that nothing is lost. */
-    bool remove = runtime_config.stats_mode != STATS_JSON || statistics_kept;
+    bool remove = !statistics_to_file || statistics_kept;
     live_record_finish(&record, ended_by, remove);
 }
 
-void runtime_live_record_after_fork_child(void)
+void live_process_after_fork_child(void)
 {
     /* The engine's reset has moved the child's counters back into the
      * engine; the parent's record is the parent's. */
     if (live_active())
         live_record_forget_after_fork(&record);
-    __atomic_store_n(&runtime_live_state, LIVE_NOT_TRIED, __ATOMIC_RELAXED);
+    __atomic_store_n(&live_process_state, LIVE_NOT_TRIED, __ATOMIC_RELAXED);
 }

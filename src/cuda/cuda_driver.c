@@ -19,28 +19,30 @@ _Static_assert((int)CUDA_ERROR_NOT_INITIALIZED == (int)CUDA_DRIVER_NOT_INITIALIZ
                    (int)CUDA_ERROR_DEINITIALIZED == (int)CUDA_DRIVER_DEINITIALIZED &&
                    (int)CUDA_ERROR_INVALID_CONTEXT == (int)CUDA_DRIVER_INVALID_CONTEXT &&
                    (int)CUDA_ERROR_CONTEXT_IS_DESTROYED == (int)CUDA_DRIVER_CONTEXT_IS_DESTROYED &&
-                   (int)CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED ==
-                       (int)ENGINE_CUDA_ALREADY_REGISTERED &&
-                   (int)CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED == (int)ENGINE_CUDA_NOT_REGISTERED,
+                   (int)CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED == 712 &&
+                   (int)CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED == (int)CUDA_DRIVER_NOT_REGISTERED,
                "CUresult values changed");
 _Static_assert(CU_MEMHOSTREGISTER_PORTABLE == ENGINE_REGISTER_PORTABLE &&
                    CU_MEMHOSTREGISTER_DEVICEMAP == ENGINE_REGISTER_DEVICEMAP &&
                    CU_MEMHOSTREGISTER_IOMEMORY == ENGINE_REGISTER_IOMEMORY &&
-                   CU_MEMHOSTREGISTER_READ_ONLY == ENGINE_REGISTER_READ_ONLY &&
-                   (int)CUDA_ERROR_DEINITIALIZED == (int)ENGINE_CUDA_DEINITIALIZED,
+                   CU_MEMHOSTREGISTER_READ_ONLY == ENGINE_REGISTER_READ_ONLY,
                "cuMemHostRegister flag values changed");
 _Static_assert((int)CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES ==
                        CUDA_DRIVER_ATTRIBUTE_PAGEABLE_USES_HOST_PAGE_TABLES &&
                    (int)CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED ==
                        CUDA_DRIVER_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
                "device attribute values changed");
+#if CUDA_VERSION >= 12020
+_Static_assert((int)CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID == CUDA_DRIVER_ATTRIBUTE_HOST_NUMA_ID,
+               "device attribute values changed");
+#endif
 #endif
 
 #define DRIVER_SONAME "libcuda.so.1"
 
 bool cuda_driver_is_loaded(void)
 {
-    return loaded_objects_cuda_driver(NULL, 0);
+    return loaded_objects_find(LOADED_CUDA_DRIVER, NULL, 0);
 }
 
 static void *driver_symbol(void *handle, const char *versioned, const char *plain)
@@ -70,7 +72,7 @@ static bool find_locked(struct cuda_driver *driver)
     /* The loader's list says whether it is there (no system call); then its
      * own name finds it without a search of the library directories. */
     char path[sizeof(driver->path)];
-    if (!loaded_objects_cuda_driver(path, sizeof(path)))
+    if (!loaded_objects_find(LOADED_CUDA_DRIVER, path, sizeof(path)))
         return false;
     void *handle = dlopen(path[0] != '\0' ? path : DRIVER_SONAME, RTLD_NOW | RTLD_NOLOAD);
     if (handle == NULL)
@@ -92,6 +94,7 @@ static bool find_locked(struct cuda_driver *driver)
     *(void **)&found.get_error_name = driver_symbol(handle, NULL, "cuGetErrorName");
     *(void **)&found.driver_get_version = driver_symbol(handle, NULL, "cuDriverGetVersion");
     *(void **)&found.device_get_attribute = driver_symbol(handle, NULL, "cuDeviceGetAttribute");
+    *(void **)&found.device_get_pci_bus_id = driver_symbol(handle, NULL, "cuDeviceGetPCIBusId");
     if (found.ctx_get_current == NULL || found.ctx_get_device == NULL || found.ctx_push == NULL ||
         found.ctx_pop == NULL || found.device_get_count == NULL || found.device_get == NULL ||
         found.primary_get_state == NULL || found.primary_retain == NULL ||
@@ -129,6 +132,17 @@ static int current_context(struct cuda_driver *driver, uintptr_t *current)
     if (error != CUDA_DRIVER_NOT_INITIALIZED && !driver->seen_initialized)
         __atomic_store_n(&driver->seen_initialized, true, __ATOMIC_RELAXED);
     return error;
+}
+
+enum cuda_driver_initialization cuda_driver_initialization(struct cuda_driver *driver)
+{
+    uintptr_t current = 0;
+    if (!cuda_driver_find(driver))
+        return CUDA_DRIVER_NOT_YET;
+    int error = current_context(driver, &current);
+    if (error == CUDA_DRIVER_NOT_INITIALIZED)
+        return CUDA_DRIVER_NOT_YET;
+    return error == CUDA_DRIVER_DEINITIALIZED ? CUDA_DRIVER_TORN_DOWN : CUDA_DRIVER_INITIALIZED;
 }
 
 /* Whether device's primary context is active: the program (or its runtime)
@@ -232,7 +246,7 @@ static int enter_place(struct cuda_driver *driver, const struct range_place *pla
         /* The device's primary context, only while the program keeps it
          * active: retaining an inactive one would create it. */
         if (place->device < 0 || !primary_active(driver, place->device))
-            return ENGINE_CUDA_NO_CONTEXT;
+            return CUDA_DRIVER_NO_CONTEXT;
         error = driver->primary_retain(&target, place->device);
         if (error != CUDA_DRIVER_SUCCESS)
             return error;
@@ -259,7 +273,7 @@ static void leave_place(struct cuda_driver *driver, const struct range_place *pl
 
 static bool context_gone(int error)
 {
-    return error == ENGINE_CUDA_NO_CONTEXT || error == CUDA_DRIVER_INVALID_CONTEXT ||
+    return error == CUDA_DRIVER_NO_CONTEXT || error == CUDA_DRIVER_INVALID_CONTEXT ||
            error == CUDA_DRIVER_CONTEXT_IS_DESTROYED;
 }
 
@@ -267,26 +281,26 @@ int cuda_driver_register(struct cuda_driver *driver, const struct range_place *p
                          size_t length, unsigned flags)
 {
     if (!cuda_driver_find(driver))
-        return ENGINE_CUDA_NO_CONTEXT;
+        return CUDA_DRIVER_NO_CONTEXT;
     bool entered, retained;
     int error = enter_place(driver, place, &entered, &retained);
     if (error == CUDA_DRIVER_SUCCESS)
         error = driver->host_register(base, length, flags);
     leave_place(driver, place, entered, retained);
-    return context_gone(error) ? ENGINE_CUDA_NO_CONTEXT : error;
+    return context_gone(error) ? CUDA_DRIVER_NO_CONTEXT : error;
 }
 
 int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place *place, void *base)
 {
     if (!cuda_driver_find(driver))
-        return ENGINE_CUDA_NOT_REGISTERED;
+        return CUDA_DRIVER_NOT_REGISTERED;
     bool entered, retained;
     int error = enter_place(driver, place, &entered, &retained);
     if (error == CUDA_DRIVER_SUCCESS)
         error = driver->host_unregister(base);
     leave_place(driver, place, entered, retained);
     /* A context that is gone took its registrations with it. */
-    return context_gone(error) ? ENGINE_CUDA_NOT_REGISTERED : error;
+    return context_gone(error) ? CUDA_DRIVER_NOT_REGISTERED : error;
 }
 
 int cuda_driver_device_attribute(struct cuda_driver *driver, int attribute, int device, int *value)
@@ -294,6 +308,13 @@ int cuda_driver_device_attribute(struct cuda_driver *driver, int attribute, int 
     if (!cuda_driver_find(driver) || driver->device_get_attribute == NULL)
         return -1;
     return driver->device_get_attribute(value, attribute, device);
+}
+
+int cuda_driver_pci_bus_id(struct cuda_driver *driver, int device, char *out, int out_size)
+{
+    if (!cuda_driver_find(driver) || driver->device_get_pci_bus_id == NULL)
+        return -1;
+    return driver->device_get_pci_bus_id(out, out_size, device);
 }
 
 const char *cuda_driver_error_name(struct cuda_driver *driver, int error)

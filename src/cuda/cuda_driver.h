@@ -26,6 +26,9 @@ enum {
     CUDA_DRIVER_DEINITIALIZED = 4,
     CUDA_DRIVER_INVALID_CONTEXT = 201,
     CUDA_DRIVER_CONTEXT_IS_DESTROYED = 709,
+    CUDA_DRIVER_NOT_REGISTERED = 713,
+    /* Not a CUresult: the place chosen has no live context (any more). */
+    CUDA_DRIVER_NO_CONTEXT = -1,
 };
 
 typedef int (*cu_result_fn)(void);
@@ -45,6 +48,7 @@ struct cuda_driver {
     int (*get_error_name)(int error, const char **name);
     int (*driver_get_version)(int *version);
     int (*device_get_attribute)(int *value, int attribute, int device); /* optional */
+    int (*device_get_pci_bus_id)(char *bus_id, int length, int device); /* optional */
     bool found;
     bool seen_initialized; /* a call answered anything but NOT_INITIALIZED */
     char path[512];
@@ -72,12 +76,21 @@ enum engine_choice cuda_driver_choose_place(struct cuda_driver *driver, bool fro
 bool cuda_driver_thread_place(struct cuda_driver *driver, struct range_place *place);
 
 /* Registers or unregisters in place's context, entered for the call and left
- * afterwards. ENGINE_CUDA_NO_CONTEXT when that context is not there (any
- * more) to register into; ENGINE_CUDA_NOT_REGISTERED when a registration's
+ * afterwards. CUDA_DRIVER_NO_CONTEXT when that context is not there (any
+ * more) to register into; CUDA_DRIVER_NOT_REGISTERED when a registration's
  * context is gone (the driver dropped its registrations with it). */
 int cuda_driver_register(struct cuda_driver *driver, const struct range_place *place, void *base,
                          size_t length, unsigned flags);
 int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place *place, void *base);
+
+/* Whether the program initialised the driver (cuInit), asked with
+ * cuCtxGetCurrent, which initialises nothing. */
+enum cuda_driver_initialization {
+    CUDA_DRIVER_NOT_YET,
+    CUDA_DRIVER_INITIALIZED,
+    CUDA_DRIVER_TORN_DOWN,
+};
+enum cuda_driver_initialization cuda_driver_initialization(struct cuda_driver *driver);
 
 /* Whether the shim has seen the driver initialised (cuInit) in this process:
  * noted whenever the shim asks it anything, so that a fork handler can tell
@@ -91,10 +104,13 @@ const char *cuda_driver_error_name(struct cuda_driver *driver, int error);
 enum {
     CUDA_DRIVER_ATTRIBUTE_PAGEABLE_USES_HOST_PAGE_TABLES = 100,
     CUDA_DRIVER_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED = 113,
+    CUDA_DRIVER_ATTRIBUTE_HOST_NUMA_ID = 134, /* CUDA 12.2 on; cudaDevAttrHostNumaId too */
 };
 
 /* cuDeviceGetAttribute: 0 and *value, else the error (-1: not exported). */
 int cuda_driver_device_attribute(struct cuda_driver *driver, int attribute, int device, int *value);
+/* cuDeviceGetPCIBusId ("0000:17:00.0"): 0, else the error (-1: not exported). */
+int cuda_driver_pci_bus_id(struct cuda_driver *driver, int device, char *out, int out_size);
 
 /* In a fork child: the lock a parent's thread held is free again. */
 void cuda_driver_after_fork(void);

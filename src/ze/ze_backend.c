@@ -1,0 +1,397 @@
+/* Level Zero (Intel) behind the vendor seam (vendor.h).
+ *
+ * Registration is the driver's host-pointer import,
+ * zexDriverImportExternalPointer(driver, ptr, size) and
+ * zexDriverReleaseImportedPointer(driver, ptr) (intel/compute-runtime,
+ * driver_experimental/zex_driver.h), the route SYCL's
+ * prepare_for_device_copy takes through unified-runtime's urUSMImportExp.
+ * The loader does not export them: they come from
+ * zeDriverGetExtensionFunctionAddress, and take the driver's own handle,
+ * which zelLoaderTranslateHandle gives for the loader's. An import covers
+ * every device and context of its driver, so its place is
+ * RANGE_PLACE_ANY_CONTEXT, with the driver as its context.
+ *
+ * Why the import and not ZE_extension_external_memmap_sysmem (zeMemAllocHost
+ * with a chained ze_external_memmap_sysmem_ext_desc_t, loader 1.25 on): the
+ * memmap extension registers into one context, and a program's command
+ * lists copy in their own context, which the shim does not know (Level Zero
+ * has no "current context"); a registration in a context of the shim's
+ * would not make the program's copies faster. The import is per driver, as
+ * CUDA's portable registration is per process, and it is what SYCL, and so
+ * DeepSpeed's XPU path, uses: the shim and such a program then speak of the
+ * same registrations.
+ *
+ * Never starting Level Zero for the program: before zeInit (or
+ * zeInitDrivers) zeDriverGet answers ZE_RESULT_ERROR_UNINITIALIZED (the
+ * loader's other entry points dereference a NULL table there from 1.15.7,
+ * and 1.15.7's zeDriverGet does too): it is the question asked, except of
+ * loader 1.15.7, where only the program's zeInit, seen by the shim's
+ * definition of it (ze_interpose.c), tells. The import has traps the backend avoids:
+ * an import wholly inside another succeeds without a reference count, and
+ * releasing any pointer inside an import drops the whole import, so the
+ * backend asks zexDriverGetHostPointerBaseAddress first and leaves memory
+ * that is already imported (the program's) alone. */
+#include "ze_backend.h"
+
+#include "loaded_objects.h"
+#include "log.h"
+#include "vendor.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ze_result_t values (level_zero/ze_api.h; checked against the header by
+ * the tests' fake_ze_abi_check.c). */
+enum {
+    ZE_SUCCESS = 0,
+    ZE_ERROR_DEVICE_LOST = 0x70000001,
+    ZE_ERROR_UNINITIALIZED = 0x78000001,
+    ZE_ERROR_INVALID_ARGUMENT = 0x78000004,
+    ZE_ERROR_HANDLE_OBJECT_IN_USE = 0x78000006,
+    ZE_ERROR_INVALID_SIZE = 0x78000008,
+    ZE_ERROR_OVERLAPPING_REGIONS = 0x7800001a,
+};
+enum { ZE_INIT_GPU_ONLY = 1, ZEL_HANDLE_TYPE_DRIVER = 0 };
+
+#define MAX_DRIVERS 8
+
+static const char *const loader_sonames[] = {"libze_loader.so.1", "libze_loader.so", NULL};
+
+struct ze_api {
+    int (*init)(unsigned flags);
+    int (*driver_get)(uint32_t *count, void **drivers);
+    int (*extension_address)(void *driver, const char *name, void **function);
+    int (*translate_handle)(int type, void *handle, void **translated);
+    int (*import_pointer)(void *driver, void *pointer, size_t bytes);
+    int (*release_pointer)(void *driver, void *pointer);
+    int (*base_address)(void *driver, void *pointer, void **base);
+    void *driver; /* the driver's own handle (translated) */
+    char path[512];
+};
+
+static struct vendor_settings settings;
+static struct ze_api ze;
+static bool loader_found;
+enum driver_state { DRIVER_NOT_LOOKED = 0, DRIVER_READY, DRIVER_NONE };
+static int driver_state;
+static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+static bool seen_started_flag, created, exiting;
+/* zeDriverGet may be asked before zeInit: not of loader 1.15.7. */
+static bool probe_safe = true;
+static char why_none[256];
+
+static void configure(const struct vendor_settings *given)
+{
+    settings = *given;
+}
+
+/* The loader's entry points; called with mutex held. */
+static bool resolve_loader_locked(void *handle)
+{
+    struct ze_api api = {0};
+    *(void **)&api.init = dlsym(handle, "zeInit");
+    *(void **)&api.driver_get = dlsym(handle, "zeDriverGet");
+    *(void **)&api.extension_address = dlsym(handle, "zeDriverGetExtensionFunctionAddress");
+    *(void **)&api.translate_handle = dlsym(handle, "zelLoaderTranslateHandle");
+    if (api.driver_get == NULL || api.extension_address == NULL)
+        return false;
+    Dl_info info;
+    if (dladdr((void *)api.driver_get, &info) && info.dli_fname != NULL)
+        snprintf(api.path, sizeof(api.path), "%s", info.dli_fname);
+    /* The file's own name carries the loader's version (the soname links
+     * to libze_loader.so.1.X.Y). */
+    char real[PATH_MAX];
+    const char *version = realpath(api.path, real) != NULL ? strstr(real, ".so.") : NULL;
+    if (version != NULL && strcmp(version, ".so.1.15.7") == 0) {
+        probe_safe = false;
+        log_info("Level Zero loader 1.15.7 crashes on zeDriverGet before zeInit: the shim waits "
+                 "for the program's zeInit instead");
+    }
+    ze = api;
+    __atomic_store_n(&loader_found, true, __ATOMIC_RELEASE);
+    return true;
+}
+
+static bool find_loaded(void)
+{
+    if (__atomic_load_n(&loader_found, __ATOMIC_ACQUIRE))
+        return true;
+    char path[512];
+    if (!loaded_objects_find(LOADED_ZE_LOADER, path, sizeof(path)))
+        return false;
+    pthread_mutex_lock(&mutex);
+    bool ok = loader_found;
+    if (!ok) {
+        void *handle = dlopen(path[0] != '\0' ? path : "libze_loader.so.1", RTLD_NOW | RTLD_NOLOAD);
+        ok = handle != NULL && resolve_loader_locked(handle);
+    }
+    pthread_mutex_unlock(&mutex);
+    return ok;
+}
+
+/* The first driver whose extension functions include the import, with its
+ * own handle; once. Called with mutex held, after the program's zeInit. */
+static void look_for_driver_locked(void)
+{
+    if (driver_state != DRIVER_NOT_LOOKED)
+        return;
+    uint32_t count = MAX_DRIVERS;
+    void *drivers[MAX_DRIVERS] = {0};
+    int result = ze.driver_get(&count, drivers);
+    if (result != ZE_SUCCESS) {
+        if (result == ZE_ERROR_UNINITIALIZED)
+            return; /* not yet */
+        snprintf(why_none, sizeof(why_none), "zeDriverGet failed (%#x)", (unsigned)result);
+    }
+    for (uint32_t i = 0; result == ZE_SUCCESS && i < count && i < MAX_DRIVERS; i++) {
+        void *import = NULL, *release = NULL, *base = NULL;
+        if (ze.extension_address(drivers[i], "zexDriverImportExternalPointer", &import) !=
+                ZE_SUCCESS ||
+            ze.extension_address(drivers[i], "zexDriverReleaseImportedPointer", &release) !=
+                ZE_SUCCESS ||
+            import == NULL || release == NULL)
+            continue;
+        ze.extension_address(drivers[i], "zexDriverGetHostPointerBaseAddress", &base);
+        void *own = drivers[i];
+        if (ze.translate_handle != NULL &&
+            ze.translate_handle(ZEL_HANDLE_TYPE_DRIVER, drivers[i], &own) != ZE_SUCCESS) {
+            snprintf(why_none, sizeof(why_none),
+                     "zelLoaderTranslateHandle refused driver %u's handle", (unsigned)i);
+            continue;
+        }
+        *(void **)&ze.import_pointer = import;
+        *(void **)&ze.release_pointer = release;
+        *(void **)&ze.base_address = base;
+        ze.driver = own;
+        driver_state = DRIVER_READY;
+        log_info("registering through Level Zero's zexDriverImportExternalPointer (driver %u of "
+                 "%u, loader %s)",
+                 (unsigned)i, (unsigned)count, ze.path);
+        return;
+    }
+    if (why_none[0] == '\0')
+        snprintf(why_none, sizeof(why_none),
+                 "no Level Zero driver offers zexDriverImportExternalPointer");
+    log_warn("%s; locked memory stays mlocked only", why_none);
+    driver_state = DRIVER_NONE;
+}
+
+static enum vendor_state state(void)
+{
+    if (!find_loaded())
+        return VENDOR_ABSENT;
+    if (__atomic_load_n(&exiting, __ATOMIC_RELAXED))
+        return VENDOR_GONE;
+    if (!__atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED)) {
+        uint32_t count = 0;
+        if (!probe_safe || ze.driver_get(&count, NULL) != ZE_SUCCESS || count == 0)
+            return VENDOR_NOT_STARTED;
+        __atomic_store_n(&seen_started_flag, true, __ATOMIC_RELAXED);
+    }
+    return VENDOR_STARTED;
+}
+
+void ze_backend_note_started(void)
+{
+    __atomic_store_n(&seen_started_flag, true, __ATOMIC_RELAXED);
+}
+
+static bool create(char *why, size_t why_size)
+{
+    pthread_mutex_lock(&mutex);
+    if (!created && why_none[0] == '\0') {
+        void *handle = NULL;
+        for (int i = 0; handle == NULL && loader_sonames[i] != NULL; i++)
+            handle = dlopen(loader_sonames[i], RTLD_NOW | RTLD_LOCAL);
+        if (handle == NULL)
+            snprintf(why_none, sizeof(why_none),
+                     "no Level Zero loader (libze_loader) could be "
+                     "loaded");
+        else if (!loader_found && !resolve_loader_locked(handle))
+            snprintf(why_none, sizeof(why_none), "libze_loader lacks zeDriverGet");
+        else if (ze.init == NULL || ze.init(ZE_INIT_GPU_ONLY) != ZE_SUCCESS)
+            snprintf(why_none, sizeof(why_none), "zeInit found no GPU driver");
+        else
+            look_for_driver_locked();
+        created = driver_state == DRIVER_READY;
+    }
+    bool ok = created;
+    if (!ok && why_size > 0)
+        snprintf(why, why_size, "%s", why_none);
+    pthread_mutex_unlock(&mutex);
+    return ok;
+}
+
+static enum engine_choice choose_place(bool from_worker, const struct range_place *hint,
+                                       struct range_place *place)
+{
+    (void)from_worker;
+    (void)hint;
+    *place = (struct range_place){.device = -1, .flags = RANGE_PLACE_ANY_CONTEXT};
+    if (!settings.create_mode) {
+        enum vendor_state now = state();
+        if (now == VENDOR_GONE)
+            return ENGINE_PLACE_DISABLED;
+        if (now != VENDOR_STARTED)
+            return ENGINE_PLACE_DEFER;
+        pthread_mutex_lock(&mutex);
+        look_for_driver_locked();
+        pthread_mutex_unlock(&mutex);
+    }
+    int ready = __atomic_load_n(&driver_state, __ATOMIC_RELAXED);
+    if (ready == DRIVER_NONE || (settings.create_mode && !created))
+        return ENGINE_PLACE_DISABLED;
+    if (ready != DRIVER_READY)
+        return ENGINE_PLACE_DEFER;
+    place->context = (uintptr_t)ze.driver;
+    return ENGINE_PLACE_READY;
+}
+
+static bool thread_place(struct range_place *place)
+{
+    *place = (struct range_place){.device = -1, .flags = RANGE_PLACE_ANY_CONTEXT};
+    if (__atomic_load_n(&driver_state, __ATOMIC_RELAXED) != DRIVER_READY)
+        return false;
+    place->context = (uintptr_t)ze.driver;
+    return true;
+}
+
+static struct engine_result outcome_of(int code)
+{
+    switch (code) {
+    case ZE_SUCCESS:
+        return engine_result_of(ENGINE_OK, 0);
+    case ZE_ERROR_HANDLE_OBJECT_IN_USE: /* starts inside an import, ends outside */
+    case ZE_ERROR_INVALID_SIZE:         /* ends inside an import */
+    case ZE_ERROR_OVERLAPPING_REGIONS:  /* spans imports */
+        return engine_result_of(ENGINE_ALREADY_REGISTERED, code);
+    case ZE_ERROR_UNINITIALIZED:
+        return engine_result_of(ENGINE_NO_CONTEXT, code);
+    default:
+        return engine_result_of(ENGINE_FAILED, code);
+    }
+}
+
+/* Whether an import covers pointer (base found), asked where the driver
+ * can answer. */
+static bool imported_at(void *pointer)
+{
+    void *base = NULL;
+    return ze.base_address != NULL && ze.base_address(ze.driver, pointer, &base) == ZE_SUCCESS &&
+           base != NULL;
+}
+
+static struct engine_result register_range(struct range_place *place, void *base, size_t length)
+{
+    if (__atomic_load_n(&exiting, __ATOMIC_RELAXED))
+        return engine_result_of(ENGINE_UNLOADING, ZE_ERROR_UNINITIALIZED);
+    if ((void *)place->context != ze.driver)
+        return engine_result_of(ENGINE_NO_CONTEXT, 0);
+    /* An import wholly inside another would succeed uncounted, and releasing
+     * it would drop the other: leave imported memory to its owner. */
+    if (imported_at(base) || imported_at((char *)base + length - 1))
+        return engine_result_of(ENGINE_ALREADY_REGISTERED, ZE_ERROR_HANDLE_OBJECT_IN_USE);
+    return outcome_of(ze.import_pointer(ze.driver, base, length));
+}
+
+static struct engine_result unregister_range(const struct range_place *place, void *base)
+{
+    if (__atomic_load_n(&exiting, __ATOMIC_RELAXED))
+        return engine_result_of(ENGINE_UNLOADING, ZE_ERROR_UNINITIALIZED);
+    if ((void *)place->context != ze.driver)
+        return engine_result_of(ENGINE_NOT_REGISTERED, 0);
+    int code = ze.release_pointer(ze.driver, base);
+    /* A pointer no import holds: gone, released by the program. */
+    if (code == ZE_ERROR_INVALID_ARGUMENT)
+        return engine_result_of(ENGINE_NOT_REGISTERED, code);
+    return outcome_of(code);
+}
+
+/* The import takes no flags: read-only memory is not imported. */
+static bool read_only_supported(const struct range_place *place)
+{
+    (void)place;
+    return false;
+}
+
+static const struct {
+    int code;
+    const char *name;
+} known_codes[] = {
+    {ZE_SUCCESS, "ZE_RESULT_SUCCESS"},
+    {ZE_ERROR_DEVICE_LOST, "ZE_RESULT_ERROR_DEVICE_LOST"},
+    {0x70000002, "ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY"},
+    {0x70000003, "ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY"},
+    {ZE_ERROR_UNINITIALIZED, "ZE_RESULT_ERROR_UNINITIALIZED"},
+    {0x78000002, "ZE_RESULT_ERROR_UNSUPPORTED_VERSION"},
+    {0x78000003, "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"},
+    {ZE_ERROR_INVALID_ARGUMENT, "ZE_RESULT_ERROR_INVALID_ARGUMENT"},
+    {0x78000005, "ZE_RESULT_ERROR_INVALID_NULL_HANDLE"},
+    {ZE_ERROR_HANDLE_OBJECT_IN_USE, "ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE"},
+    {0x78000007, "ZE_RESULT_ERROR_INVALID_NULL_POINTER"},
+    {ZE_ERROR_INVALID_SIZE, "ZE_RESULT_ERROR_INVALID_SIZE"},
+    {ZE_ERROR_OVERLAPPING_REGIONS, "ZE_RESULT_ERROR_OVERLAPPING_REGIONS"},
+    {0x7ffffffe, "ZE_RESULT_ERROR_UNKNOWN"},
+};
+
+static const char *code_name(int code)
+{
+    for (size_t i = 0; i < sizeof(known_codes) / sizeof(*known_codes); i++)
+        if (known_codes[i].code == code)
+            return known_codes[i].name;
+    return "ZE_RESULT_ERROR_UNRECOGNIZED";
+}
+
+static const char *call_name(bool unregister)
+{
+    return unregister ? "zexDriverReleaseImportedPointer" : "zexDriverImportExternalPointer";
+}
+
+static bool seen_started(void)
+{
+    return __atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED) || created;
+}
+
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&mutex, NULL);
+    seen_started_flag = created = false;
+}
+
+/* The loader and the driver tear themselves down in their destructors,
+ * before the shim's, and cannot say so: no call from here on. */
+static void process_exiting(void)
+{
+    __atomic_store_n(&exiting, true, __ATOMIC_RELAXED);
+}
+
+static void describe(struct vendor_description *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->library = __atomic_load_n(&loader_found, __ATOMIC_ACQUIRE) ? ze.path : NULL;
+    out->error = why_none[0] != '\0' ? why_none : NULL;
+}
+
+const struct vendor ze_vendor = {
+    .name = "ze",
+    .title = "Level Zero",
+    .configure = configure,
+    .state = state,
+    .create = create,
+    .choose_place = choose_place,
+    .thread_place = thread_place,
+    .register_range = register_range,
+    .unregister_range = unregister_range,
+    .read_only_supported = read_only_supported,
+    .code_name = code_name,
+    .call_name = call_name,
+    .seen_started = seen_started,
+    .after_fork_child = after_fork_child,
+    .process_exiting = process_exiting,
+    .describe = describe,
+};

@@ -1,0 +1,376 @@
+/* fake_hip: see fake_hip.h for what it models and where each rule comes
+ * from. No allocation (the shim under test interposes the allocator):
+ * per-thread state is initial-exec TLS, tables live in fake_pins. */
+#define __HIP_PLATFORM_AMD__
+#include <hip/hip_runtime_api.h>
+#include <hsa/hsa.h>
+
+#include "fake_hip.h"
+#include "fake_pins.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { MAX_DEVICE_ALLOCATIONS = 256 };
+
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+static int version_major = 6, version_minor = 2;
+static int device_count = 1;
+
+static pthread_once_t start_once = PTHREAD_ONCE_INIT;
+static bool started;
+
+static _Thread_local hipError_t last_error __attribute__((tls_model("initial-exec")));
+static _Thread_local int current_device __attribute__((tls_model("initial-exec")));
+
+static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uintptr_t base;
+    size_t size;
+} device_allocations[MAX_DEVICE_ALLOCATIONS];
+static uintptr_t next_device_address = (uintptr_t)0x7e0000000000ull << 8; /* non-canonical */
+
+static void load_config(void)
+{
+    const char *version = getenv("FAKE_HIP_VERSION");
+    if (version != NULL && *version) {
+        char *end;
+        version_major = (int)strtol(version, &end, 10);
+        version_minor = *end == '.' ? (int)strtol(end + 1, NULL, 10) : 0;
+    }
+    const char *devices = getenv("FAKE_HIP_DEVICES");
+    if (devices != NULL && *devices)
+        device_count = atoi(devices);
+    fake_pins_configure(hipErrorOutOfMemory);
+}
+
+static bool version_at_least(int major, int minor)
+{
+    return version_major > major || (version_major == major && version_minor >= minor);
+}
+
+/* hip::init, at the first call: starts the HSA runtime below. */
+static void start(void)
+{
+    hsa_init();
+    started = true;
+}
+
+/* HIP_INIT_API: starts the runtime; hipErrorNoDevice with no device (from
+ * ROCm 6). */
+static hipError_t enter(enum fake_hip_call kind, const void *caller)
+{
+    pthread_once(&config_once, load_config);
+    pthread_once(&start_once, start);
+    fake_pins_count_call(kind, caller);
+    if (device_count <= 0 && version_at_least(6, 0))
+        return hipErrorNoDevice;
+    return hipSuccess;
+}
+
+/* HIP_RETURN: the thread's last error (see fake_hip.h). */
+static hipError_t finish(hipError_t result)
+{
+    if (!version_at_least(7, 0) || result != hipSuccess)
+        last_error = result;
+    return result;
+}
+
+static bool is_device_address(uintptr_t address, bool *found)
+{
+    pthread_mutex_lock(&device_lock);
+    *found = false;
+    for (size_t i = 0; i < MAX_DEVICE_ALLOCATIONS && !*found; i++)
+        *found = device_allocations[i].size != 0 && address >= device_allocations[i].base &&
+                 address - device_allocations[i].base < device_allocations[i].size;
+    pthread_mutex_unlock(&device_lock);
+    return *found;
+}
+
+FAKE_EXPORT hipError_t hipInit(unsigned int flags)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess && flags != 0)
+        error = hipErrorInvalidValue;
+    return finish(error);
+}
+
+FAKE_EXPORT hipError_t hipRuntimeGetVersion(int *version)
+{
+    enter(FAKE_HIP_CALL_RUNTIME_GET_VERSION, FAKE_CALLER()); /* never fails for that */
+    if (version == NULL)
+        return finish(hipErrorInvalidValue);
+    *version = version_major * 10000000 + version_minor * 100000;
+    return finish(hipSuccess);
+}
+
+FAKE_EXPORT hipError_t hipDriverGetVersion(int *version)
+{
+    enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (version == NULL)
+        return finish(hipErrorInvalidValue);
+    *version = version_major * 10000000 + version_minor * 100000;
+    return finish(hipSuccess);
+}
+
+FAKE_EXPORT hipError_t hipGetDeviceCount(int *count)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_GET_DEVICE_COUNT, FAKE_CALLER());
+    if (error != hipSuccess)
+        return finish(error);
+    if (count == NULL)
+        return finish(hipErrorInvalidValue);
+    *count = device_count;
+    return finish(device_count > 0 ? hipSuccess : hipErrorNoDevice);
+}
+
+FAKE_EXPORT hipError_t hipSetDevice(int device)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess && (device < 0 || device >= device_count))
+        error = hipErrorInvalidDevice;
+    if (error == hipSuccess)
+        current_device = device;
+    return finish(error);
+}
+
+FAKE_EXPORT hipError_t hipGetDevice(int *device)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess && device == NULL)
+        error = hipErrorInvalidValue;
+    if (error == hipSuccess)
+        *device = current_device;
+    return finish(error);
+}
+
+FAKE_EXPORT hipError_t hipDeviceSynchronize(void)
+{
+    return finish(enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER()));
+}
+
+FAKE_EXPORT hipError_t hipMalloc(void **pointer, size_t size)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess && pointer == NULL)
+        error = hipErrorInvalidValue;
+    if (error != hipSuccess)
+        return finish(error);
+    pthread_mutex_lock(&device_lock);
+    error = hipErrorOutOfMemory;
+    for (size_t i = 0; i < MAX_DEVICE_ALLOCATIONS && error != hipSuccess; i++) {
+        if (device_allocations[i].size != 0)
+            continue;
+        size_t rounded = (size + 4095) & ~(size_t)4095;
+        device_allocations[i].base = next_device_address;
+        device_allocations[i].size = rounded ? rounded : 4096;
+        next_device_address += device_allocations[i].size;
+        *pointer = (void *)device_allocations[i].base;
+        error = hipSuccess;
+    }
+    pthread_mutex_unlock(&device_lock);
+    return finish(error);
+}
+
+FAKE_EXPORT hipError_t hipFree(void *pointer)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error != hipSuccess || pointer == NULL)
+        return finish(error);
+    pthread_mutex_lock(&device_lock);
+    error = hipErrorInvalidValue;
+    for (size_t i = 0; i < MAX_DEVICE_ALLOCATIONS; i++)
+        if (device_allocations[i].size != 0 && device_allocations[i].base == (uintptr_t)pointer) {
+            device_allocations[i].size = 0;
+            error = hipSuccess;
+        }
+    pthread_mutex_unlock(&device_lock);
+    return finish(error);
+}
+
+/* ihipHostRegister's argument checks for the version modelled. */
+static hipError_t check_register_arguments(const void *pointer, size_t size, unsigned flags)
+{
+    if (pointer == NULL)
+        return hipErrorInvalidValue;
+    if (version_at_least(5, 3) && size == 0)
+        return hipErrorInvalidValue;
+    if (version_at_least(7, 0))
+        return flags & ~(0x1u | 0x2u | 0x4u | 0x8u | 0x80000000u) ? hipErrorInvalidValue
+                                                                  : hipSuccess;
+    if (version_at_least(5, 4) && flags > 15)
+        return hipErrorInvalidValue;
+    return hipSuccess;
+}
+
+FAKE_EXPORT hipError_t hipHostRegister(void *pointer, size_t size, unsigned int flags)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_HOST_REGISTER, FAKE_CALLER());
+    uintptr_t base = (uintptr_t)pointer;
+    if (error == hipSuccess)
+        error = check_register_arguments(pointer, size, flags);
+    /* KFD pins a userptr for writing (amdgpu_amdkfd_gpuvm.c init_user_pages
+     * sets no AMDGPU_GEM_USERPTR_READONLY), whatever the flags: HIP has no
+     * read-only registration (0x8 is ignored, or coarse-grained). */
+    bool pinnable = error == hipSuccess && size != 0 && fake_pins_pinnable(base, size, true);
+    fake_pins_lock();
+    if (error == hipSuccess && fake_pins_injected_failure(false, (int *)&error)) {
+        /* injected: error holds FAKE_GPU_FAIL_ERROR */
+    } else if (error == hipSuccess && version_at_least(7, 0) && fake_pins_containing(base) >= 0) {
+        error = hipErrorHostMemoryAlreadyRegistered;
+    } else if (error == hipSuccess && !pinnable) {
+        error = version_at_least(5, 3) ? hipErrorInvalidValue : hipErrorOutOfMemory;
+    }
+    struct fake_pins_timed timed = {0, 0, 0};
+    if (error == hipSuccess) {
+        size_t overlapping = 0;
+        long same = fake_pins_containing(base);
+        fake_pins_overlapping(base, size, &overlapping);
+        if (overlapping != 0)
+            fake_pins_violation(FAKE_GPU_VIOLATION_REGISTER_OVERLAP, base, size);
+        fake_pins_check_register(base, size);
+        if (same < 0 || fake_pins_at(same)->base != base) {
+            long at;
+            timed = fake_pins_insert_timed(base, size, flags, 0, &at);
+            if (at < 0)
+                error = hipErrorOutOfMemory;
+        } /* else: the same base again, the new object is lost (AddMemObj) */
+    }
+    fake_pins_unlock();
+    fake_pins_finish_timed(timed, false);
+    fake_pins_lock();
+    fake_pins_log_register(base, size, flags, error);
+    fake_pins_unlock();
+    return finish(error);
+}
+
+FAKE_EXPORT hipError_t hipHostUnregister(void *pointer)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_HOST_UNREGISTER, FAKE_CALLER());
+    uintptr_t base = (uintptr_t)pointer;
+    if (error == hipSuccess && pointer == NULL && version_at_least(5, 6))
+        error = hipErrorInvalidValue;
+    fake_pins_lock();
+    long at = error == hipSuccess ? fake_pins_containing(base) : -1;
+    if (error == hipSuccess && fake_pins_injected_failure(true, (int *)&error)) {
+        /* injected */
+    } else if (error == hipSuccess && at < 0) {
+        error = hipErrorHostMemoryNotRegistered;
+    } else if (error == hipSuccess && fake_pins_at(at)->base != base) {
+        /* MemObjMap::RemoveMemObj erases by exact key: guarantee() aborts. */
+        fake_pins_unlock();
+        static const char message[] = "fake_hip: Memobj map does not have ptr (hipHostUnregister "
+                                      "of an address inside a registration, not its base)\n";
+        ssize_t ignored = write(2, message, sizeof(message) - 1);
+        (void)ignored;
+        abort();
+    }
+    struct fake_pins_timed timed = {0, 0, 0};
+    if (error == hipSuccess)
+        timed = fake_pins_remove_timed(at);
+    fake_pins_unlock();
+    fake_pins_finish_timed(timed, true); /* SyncAllStreams, and the unpin */
+    fake_pins_lock();
+    fake_pins_log_unregister(base, error);
+    fake_pins_unlock();
+    return finish(error);
+}
+
+FAKE_EXPORT hipError_t hipPointerGetAttributes(hipPointerAttribute_t *attributes, const void *ptr)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_POINTER_GET_ATTRIBUTES, FAKE_CALLER());
+    if (error == hipSuccess && attributes == NULL)
+        error = hipErrorInvalidValue;
+    if (error == hipSuccess && ptr == NULL && !version_at_least(7, 0))
+        error = hipErrorInvalidValue;
+    if (error != hipSuccess)
+        return finish(error);
+    memset(attributes, 0, sizeof(*attributes));
+    bool modern = version_at_least(6, 0);
+    uintptr_t address = (uintptr_t)ptr;
+    fake_pins_lock();
+    long at = ptr != NULL ? fake_pins_containing(address) : -1;
+    bool registered = at >= 0 && fake_pins_at(at)->state != FAKE_PINS_REGISTERING;
+    unsigned flags = registered ? fake_pins_at(at)->flags : 0;
+    fake_pins_unlock();
+    bool device = false;
+    if (registered) {
+        /* hipMemoryTypeHost: 0 in ROCm 5 (memoryType), 1 from 6 (type). */
+        attributes->memoryType = (enum hipMemoryType)(modern ? 1 : 0);
+        attributes->hostPointer = (void *)ptr;
+        attributes->devicePointer = (void *)ptr;
+        attributes->allocationFlags = flags;
+        attributes->device = current_device;
+    } else if (ptr != NULL && is_device_address(address, &device)) {
+        attributes->memoryType = (enum hipMemoryType)(modern ? 2 : 1);
+        attributes->devicePointer = (void *)ptr;
+        attributes->device = current_device;
+    } else if (modern) {
+        attributes->memoryType = (enum hipMemoryType)0; /* hipMemoryTypeUnregistered */
+        attributes->device = -2;                        /* hipInvalidDeviceId */
+    } else {
+        error = hipErrorInvalidValue;
+    }
+    return finish(error);
+}
+
+FAKE_EXPORT hipError_t hipGetLastError(void)
+{
+    enter(FAKE_HIP_CALL_GET_LAST_ERROR, FAKE_CALLER());
+    hipError_t error = last_error;
+    last_error = hipSuccess;
+    return error;
+}
+
+FAKE_EXPORT hipError_t hipPeekAtLastError(void)
+{
+    enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    return last_error;
+}
+
+static const char *name_of(hipError_t error)
+{
+    switch ((int)error) {
+    case hipSuccess:
+        return "hipSuccess";
+    case hipErrorInvalidValue:
+        return "hipErrorInvalidValue";
+    case hipErrorOutOfMemory:
+        return "hipErrorOutOfMemory";
+    case hipErrorNotInitialized:
+        return "hipErrorNotInitialized";
+    case hipErrorDeinitialized:
+        return "hipErrorDeinitialized";
+    case hipErrorNoDevice:
+        return "hipErrorNoDevice";
+    case hipErrorInvalidDevice:
+        return "hipErrorInvalidDevice";
+    case hipErrorHostMemoryAlreadyRegistered:
+        return "hipErrorHostMemoryAlreadyRegistered";
+    case hipErrorHostMemoryNotRegistered:
+        return "hipErrorHostMemoryNotRegistered";
+    default:
+        return "hipErrorUnknown";
+    }
+}
+
+/* No HIP_INIT_API: these start nothing. */
+FAKE_EXPORT const char *hipGetErrorName(hipError_t error)
+{
+    return name_of(error);
+}
+
+/* 5.2's returns the name too (hip_error.cpp); later ones a sentence. */
+FAKE_EXPORT const char *hipGetErrorString(hipError_t error)
+{
+    return name_of(error);
+}
+
+FAKE_EXPORT int fake_hip_started(void)
+{
+    return started;
+}

@@ -1,0 +1,376 @@
+/* fake_ze: see fake_ze.h for what it models and where each rule comes
+ * from. No allocation (the shim under test interposes the allocator). */
+#include <level_zero/loader/ze_loader.h>
+#include <level_zero/ze_api.h>
+
+#include "fake_pins.h"
+#include "fake_ze.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* driver_experimental/zex_driver.h (intel/compute-runtime), in no package. */
+typedef ze_result_t (*zex_import_fn)(ze_driver_handle_t, void *, size_t);
+typedef ze_result_t (*zex_release_fn)(ze_driver_handle_t, void *);
+typedef ze_result_t (*zex_base_fn)(ze_driver_handle_t, void *, void **);
+
+enum { MAX_DRIVERS = 4, LOADER_MAGIC = 0x4c6f61646572u, DRIVER_MAGIC = 0x447276u };
+
+struct driver {
+    uint64_t magic;
+    unsigned index;
+    bool imports; /* offers zexDriverImportExternalPointer */
+};
+
+struct loader_driver {
+    uint64_t magic;
+    struct driver *driver;
+};
+
+static struct driver drivers[MAX_DRIVERS];
+static struct loader_driver loader_drivers[MAX_DRIVERS];
+static unsigned driver_count = 1;
+static bool import_enabled = true;
+
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool initialized;
+
+static void load_config(void)
+{
+    const char *count = getenv("FAKE_ZE_DRIVERS");
+    if (count != NULL && *count)
+        driver_count = (unsigned)atoi(count);
+    if (driver_count > MAX_DRIVERS)
+        driver_count = MAX_DRIVERS;
+    const char *import = getenv("FAKE_ZE_IMPORT");
+    import_enabled = import == NULL || strcmp(import, "0") != 0;
+    for (unsigned i = 0; i < MAX_DRIVERS; i++) {
+        drivers[i] = (struct driver){DRIVER_MAGIC, i, i == 0};
+        loader_drivers[i] = (struct loader_driver){LOADER_MAGIC, &drivers[i]};
+    }
+    fake_pins_configure(ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY);
+}
+
+static void enter(enum fake_ze_call kind, const void *caller)
+{
+    pthread_once(&config_once, load_config);
+    fake_pins_count_call(kind, caller);
+}
+
+static bool is_initialized(void)
+{
+    pthread_mutex_lock(&init_lock);
+    bool done = initialized;
+    pthread_mutex_unlock(&init_lock);
+    return done;
+}
+
+/* The driver of a loader's handle, or NULL. */
+static struct driver *driver_of_loader_handle(const void *handle)
+{
+    for (unsigned i = 0; i < driver_count; i++)
+        if (handle == &loader_drivers[i])
+            return loader_drivers[i].driver;
+    return NULL;
+}
+
+/* The driver of a driver's own handle, or NULL. */
+static struct driver *driver_of_own_handle(const void *handle)
+{
+    for (unsigned i = 0; i < driver_count; i++)
+        if (handle == &drivers[i])
+            return &drivers[i];
+    return NULL;
+}
+
+/* ---- the loader ---- */
+
+FAKE_EXPORT ze_result_t zeInit(ze_init_flags_t flags)
+{
+    enter(FAKE_ZE_CALL_INIT, FAKE_CALLER());
+    if (flags & ~(ze_init_flags_t)(ZE_INIT_FLAG_GPU_ONLY | ZE_INIT_FLAG_VPU_ONLY))
+        return ZE_RESULT_ERROR_INVALID_ENUMERATION;
+    if (driver_count == 0)
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    pthread_mutex_lock(&init_lock);
+    initialized = true;
+    pthread_mutex_unlock(&init_lock);
+    return ZE_RESULT_SUCCESS;
+}
+
+FAKE_EXPORT ze_result_t zeDriverGet(uint32_t *count, ze_driver_handle_t *handles)
+{
+    enter(FAKE_ZE_CALL_DRIVER_GET, FAKE_CALLER());
+#ifdef FAKE_ZE_LOADER_1_15_7
+    /* 1.15.7 dereferences its table before checking it (fixed in 1.15.8). */
+    if (!is_initialized())
+        raise(SIGSEGV);
+#endif
+    if (!is_initialized())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (count == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    if (*count == 0 || handles == NULL) {
+        *count = driver_count;
+        return ZE_RESULT_SUCCESS;
+    }
+    if (*count > driver_count)
+        *count = driver_count;
+    for (uint32_t i = 0; i < *count; i++)
+        handles[i] = (ze_driver_handle_t)&loader_drivers[i];
+    return ZE_RESULT_SUCCESS;
+}
+
+/* Before zeInit: UNINITIALIZED as the 1.8 loader answers, recorded because
+ * loaders from 1.15.7 crash there. */
+static bool too_early(void)
+{
+    if (is_initialized())
+        return false;
+#ifdef FAKE_ZE_LOADER_1_15_7
+    raise(SIGSEGV);
+#endif
+    fake_pins_lock();
+    fake_pins_violation(FAKE_GPU_VIOLATION_TOO_EARLY, 0, 0);
+    fake_pins_unlock();
+    return true;
+}
+
+FAKE_EXPORT ze_result_t zelLoaderTranslateHandle(zel_handle_type_t type, void *handle_in,
+                                                 void **handle_out)
+{
+    enter(FAKE_ZE_CALL_TRANSLATE_HANDLE, FAKE_CALLER());
+    if (handle_in == NULL || handle_out == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    struct driver *driver = type == ZEL_HANDLE_DRIVER ? driver_of_loader_handle(handle_in) : NULL;
+    *handle_out = driver != NULL ? (void *)driver : handle_in;
+    return ZE_RESULT_SUCCESS;
+}
+
+/* ---- the driver's import (reached through the loader only) ---- */
+
+/* The driver a zex call was given, or NULL after recording what it was. */
+static struct driver *called_driver(ze_driver_handle_t handle)
+{
+    struct driver *driver = driver_of_own_handle(handle);
+    if (driver == NULL && driver_of_loader_handle(handle) != NULL) {
+        fake_pins_lock();
+        fake_pins_violation(FAKE_GPU_VIOLATION_LOADER_HANDLE, (uintptr_t)handle, 0);
+        fake_pins_unlock();
+    }
+    return driver;
+}
+
+/* MapBasedAllocationTracker::get: the greatest base at or below, checked. */
+static long import_at(struct driver *driver, uintptr_t address)
+{
+    long at = fake_pins_containing(address);
+    return at >= 0 && fake_pins_at(at)->tag == (uintptr_t)driver &&
+                   fake_pins_at(at)->state != FAKE_PINS_REGISTERING
+               ? at
+               : -1;
+}
+
+__attribute__((noinline)) static ze_result_t zex_import(ze_driver_handle_t handle, void *pointer,
+                                                        size_t size)
+{
+    enter(FAKE_ZE_CALL_IMPORT, FAKE_CALLER());
+    struct driver *driver = called_driver(handle);
+    if (driver == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (!import_enabled)
+        return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
+    uintptr_t base = (uintptr_t)pointer;
+    if (pointer == NULL || size == 0)
+        return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+    /* compute-runtime's userptr (DrmMemoryManager::allocUserptr) asks for no
+     * read-only flag, so the kernel pins it for writing. */
+    bool pinnable = fake_pins_pinnable(base, size, true);
+    ze_result_t result = ZE_RESULT_SUCCESS;
+    fake_pins_lock();
+    long begin = import_at(driver, base), end = import_at(driver, base + size - 1);
+    struct fake_pins_timed timed = {0, 0, 0};
+    if (begin >= 0 && begin == end) {
+        result = ZE_RESULT_SUCCESS; /* wholly inside: no change, no count */
+    } else if (begin >= 0) {
+        result =
+            end >= 0 ? ZE_RESULT_ERROR_OVERLAPPING_REGIONS : ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE;
+    } else if (end >= 0) {
+        result = ZE_RESULT_ERROR_INVALID_SIZE;
+    } else if (fake_pins_injected_failure(false, (int *)&result)) {
+        /* injected */
+    } else if (!pinnable) {
+        result = ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
+    } else {
+        size_t covered = 0;
+        fake_pins_overlapping(base, size, &covered);
+        if (covered != 0)
+            fake_pins_violation(FAKE_GPU_VIOLATION_REGISTER_OVERLAP, base, size);
+        fake_pins_check_register(base, size);
+        long at;
+        timed = fake_pins_insert_timed(base, size, 0, (uintptr_t)driver, &at);
+        if (at < 0)
+            result = ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    fake_pins_unlock();
+    fake_pins_finish_timed(timed, false);
+    fake_pins_lock();
+    fake_pins_log_register(base, size, 0, (int)result);
+    fake_pins_unlock();
+    return result;
+}
+
+__attribute__((noinline)) static ze_result_t zex_release(ze_driver_handle_t handle, void *pointer)
+{
+    enter(FAKE_ZE_CALL_RELEASE, FAKE_CALLER());
+    struct driver *driver = called_driver(handle);
+    if (driver == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (!import_enabled)
+        return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
+    uintptr_t address = (uintptr_t)pointer;
+    ze_result_t result = ZE_RESULT_SUCCESS;
+    fake_pins_lock();
+    long at = pointer != NULL ? import_at(driver, address) : -1;
+    struct fake_pins_timed timed = {0, 0, 0};
+    if (at < 0) {
+        result = ZE_RESULT_ERROR_INVALID_ARGUMENT;
+    } else if (fake_pins_injected_failure(true, (int *)&result)) {
+        /* injected */
+    } else {
+        /* Any address inside drops the whole import. */
+        timed = fake_pins_remove_timed(at);
+    }
+    fake_pins_unlock();
+    fake_pins_finish_timed(timed, true);
+    fake_pins_lock();
+    fake_pins_log_unregister(address, (int)result);
+    fake_pins_unlock();
+    return result;
+}
+
+__attribute__((noinline)) static ze_result_t zex_base_address(ze_driver_handle_t handle,
+                                                              void *pointer, void **base)
+{
+    enter(FAKE_ZE_CALL_BASE_ADDRESS, FAKE_CALLER());
+    struct driver *driver = called_driver(handle);
+    if (driver == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (!import_enabled)
+        return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
+    fake_pins_lock();
+    long at = pointer != NULL ? import_at(driver, (uintptr_t)pointer) : -1;
+    uintptr_t found = at >= 0 ? fake_pins_at(at)->base : 0;
+    fake_pins_unlock();
+    if (at < 0)
+        return ZE_RESULT_ERROR_INVALID_ARGUMENT; /* *base untouched */
+    if (base != NULL)
+        *base = (void *)found;
+    return ZE_RESULT_SUCCESS;
+}
+
+FAKE_EXPORT ze_result_t zeDriverGetExtensionFunctionAddress(ze_driver_handle_t handle,
+                                                            const char *name, void **function)
+{
+    enter(FAKE_ZE_CALL_EXTENSION_ADDRESS, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    struct driver *driver = driver_of_loader_handle(handle);
+    if (driver == NULL) {
+        /* The loader unwraps its own object: anything else is garbage to it. */
+        if (driver_of_own_handle(handle) != NULL) {
+            fake_pins_lock();
+            fake_pins_violation(FAKE_GPU_VIOLATION_LOADER_HANDLE, (uintptr_t)handle, 0);
+            fake_pins_unlock();
+        }
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    }
+    if (name == NULL || function == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    void *found = NULL;
+    if (driver->imports && strcmp(name, "zexDriverImportExternalPointer") == 0)
+        found = (void *)zex_import;
+    else if (driver->imports && strcmp(name, "zexDriverReleaseImportedPointer") == 0)
+        found = (void *)zex_release;
+    else if (driver->imports && strcmp(name, "zexDriverGetHostPointerBaseAddress") == 0)
+        found = (void *)zex_base_address;
+    if (found == NULL)
+        return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+    *function = found;
+    return ZE_RESULT_SUCCESS;
+}
+
+/* ---- what test programs need besides ---- */
+
+static char context_object, device_object;
+
+FAKE_EXPORT ze_result_t zeDeviceGet(ze_driver_handle_t handle, uint32_t *count,
+                                    ze_device_handle_t *devices)
+{
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (driver_of_loader_handle(handle) == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (count == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    if (*count == 0 || devices == NULL) {
+        *count = 1;
+        return ZE_RESULT_SUCCESS;
+    }
+    *count = 1;
+    devices[0] = (ze_device_handle_t)&device_object;
+    return ZE_RESULT_SUCCESS;
+}
+
+FAKE_EXPORT ze_result_t zeContextCreate(ze_driver_handle_t handle, const ze_context_desc_t *desc,
+                                        ze_context_handle_t *context)
+{
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (driver_of_loader_handle(handle) == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (desc == NULL || context == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    *context = (ze_context_handle_t)&context_object;
+    return ZE_RESULT_SUCCESS;
+}
+
+FAKE_EXPORT ze_result_t zeContextDestroy(ze_context_handle_t context)
+{
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    return context == (ze_context_handle_t)&context_object ? ZE_RESULT_SUCCESS
+                                                           : ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+}
+
+/* Imports are not in the USM registry: UNKNOWN, as for any host memory. */
+FAKE_EXPORT ze_result_t zeMemGetAllocProperties(ze_context_handle_t context, const void *pointer,
+                                                ze_memory_allocation_properties_t *properties,
+                                                ze_device_handle_t *device)
+{
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (context != (ze_context_handle_t)&context_object)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (pointer == NULL || properties == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    properties->type = ZE_MEMORY_TYPE_UNKNOWN;
+    properties->id = 0;
+    properties->pageSize = 0;
+    if (device != NULL)
+        *device = NULL;
+    return ZE_RESULT_SUCCESS;
+}
+
+FAKE_EXPORT int fake_ze_initialized(void)
+{
+    return is_initialized();
+}

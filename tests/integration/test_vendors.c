@@ -1,0 +1,422 @@
+/* Issue 27: HIP and Level Zero programs under the shim, against the fake HIP
+ * runtime (with its HSA layer) and the fake Level Zero loader and driver.
+ * Each scenario of tests/programs/hip_program.c and ze_program.c runs
+ * without the shim and with it: every return code the program printed is
+ * the same, the shim registers through the program's own runtime when
+ * mlock returns and never starts it, it hands its registrations over to
+ * the program's own calls and takes them back, and it leaves no violation
+ * the fakes record. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include "shim_run.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The return codes a scenario may print: equal with and without the shim. */
+static const char *const return_codes[] = {
+    "set_device",    "set_device_99",  "malloc",
+    "mlock",         "munlock",        "last_error",
+    "own_register",  "own_unregister", "interior_unregister",
+    "start",         "own_import",     "own_release",
+    "inner_release", "protect",        "unprotect",
+};
+
+struct vendor_case {
+    const char *program; /* HIP_PROGRAM or ZE_PROGRAM */
+    const char *scenario;
+    const char *version; /* FAKE_HIP_VERSION, or NULL */
+    const char *setting; /* one more "K=V", or NULL */
+};
+
+static void run_case(struct shim_run *run, const struct vendor_case *c, bool with_shim)
+{
+    char version[64];
+    snprintf(version, sizeof(version), "FAKE_HIP_VERSION=%s", c->version ? c->version : "");
+    /* The fakes check every call against /proc/self/smaps unless the suite
+     * runs where mlock does not lock (scripts/sanitize: ASan's mlock). */
+    const char *outer_check = getenv("FAKE_GPU_CHECK");
+    char check[32];
+    snprintf(check, sizeof(check), "FAKE_GPU_CHECK=%s",
+             outer_check != NULL && *outer_check ? outer_check : "1");
+    const char *defaults[] = {"PINSHIM_CUDART=",  "PINSHIM_LOG=",    check, "FAKE_GPU_LOG=",
+                              "FAKE_ZE_DRIVERS=", "FAKE_ZE_IMPORT=", NULL};
+    const char *settings[] = {version, c->setting ? c->setting : "PINSHIM_VENDOR=", NULL};
+    const char *argv[] = {shim_run_required_env(c->program), c->scenario, NULL};
+    shim_run(run, argv, with_shim, defaults, settings);
+}
+
+/* Runs both ways and compares what the program's calls returned. */
+static void run_both(struct shim_run *without, struct shim_run *with, const struct vendor_case *c)
+{
+    run_case(without, c, false);
+    run_case(with, c, true);
+    for (size_t i = 0; i < sizeof(return_codes) / sizeof(*return_codes); i++) {
+        const char *key = return_codes[i];
+        char line[64];
+        snprintf(line, sizeof(line), "\n%s=", key);
+        bool printed = strncmp(without->result.out, line + 1, strlen(line + 1)) == 0 ||
+                       strstr(without->result.out, line) != NULL;
+        if (!printed)
+            continue;
+        char expected[64];
+        snprintf(expected, sizeof(expected), "%s", shim_run_printed(without, key));
+        cr_assert_str_eq(shim_run_printed(with, key), expected,
+                         "%s %s: %s differs with the shim\nwithout:\n%s\nwith:\n%s%s", c->program,
+                         c->scenario, key, without->result.out, with->result.out, with->result.err);
+    }
+}
+
+static long long printed(const struct shim_run *run, const char *key)
+{
+    return shim_run_printed_number(run, key);
+}
+
+/* ---- HIP ---- */
+
+/* Criterion may run each parameter in a process of its own (addresses
+ * differ there): the parameters are indexes into these tables. */
+static const char *const hip_versions[] = {"5.2", "6.2", "7.0"};
+static const int three[] = {0, 1, 2};
+
+ParameterizedTestParameters(vendors, hip_registers_when_mlock_returns)
+{
+    return cr_make_param_array(int, three, 3);
+}
+
+ParameterizedTest(const int *index, vendors, hip_registers_when_mlock_returns)
+{
+    const char *const *version = &hip_versions[*index];
+    struct shim_run without, with;
+    struct vendor_case c = {"HIP_PROGRAM", "started", *version, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "pinned"), 1, "hipPointerGetAttributes: %s", with.result.out);
+    cr_assert_eq(printed(&without, "pinned"), 0);
+    cr_assert_eq(printed(&with, "registered_after_munlock"), 0);
+    cr_assert_eq(printed(&with, "pinned_after_munlock"), 0);
+    cr_assert_eq(printed(&with, "shim_register_calls"), 1);
+    cr_assert_eq(printed(&with, "shim_unregister_calls"), 1);
+    cr_assert_eq(printed(&with, "violations"), 0);
+    shim_run_expect_no_warning(&with);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+ParameterizedTestParameters(vendors, hip_never_started_by_the_shim)
+{
+    return cr_make_param_array(int, three, 3);
+}
+
+ParameterizedTest(const int *index, vendors, hip_never_started_by_the_shim)
+{
+    const char *const *version = &hip_versions[*index];
+    struct shim_run without, with;
+    struct vendor_case c = {"HIP_PROGRAM", "deferred", *version, NULL};
+    run_both(&without, &with, &c);
+    /* Locked before the program's first HIP call: HIP (and HSA below it)
+     * still unstarted, nothing registered; registered once it started. */
+    cr_assert_eq(printed(&with, "registered_before_start"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "started_by_then"), 0, "the shim started HIP: %s", with.result.out);
+    cr_assert_eq(printed(&with, "registered_after_start"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "pinned"), 1);
+    cr_assert_eq(printed(&with, "violations"), 0);
+    cr_assert_eq(shim_run_stats_number(&with, "deferred", "registered_later"), 1, "%s", with.stats);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* The shim's HIP calls run on a thread of their own: the program's last
+ * error (HIP sets it at every call before ROCm 7) stays what its own last
+ * call left. */
+ParameterizedTestParameters(vendors, hip_last_error_is_the_programs)
+{
+    return cr_make_param_array(int, three, 3);
+}
+
+ParameterizedTest(const int *index, vendors, hip_last_error_is_the_programs)
+{
+    const char *const *version = &hip_versions[*index];
+    struct shim_run without, with;
+    struct vendor_case c = {"HIP_PROGRAM", "last_error", *version, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "last_error"), 101, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "registered"), 1);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+struct ownership {
+    const char *scenario;
+    const char *version;
+};
+
+static const struct ownership hip_ownership[] = {
+    {"own_exact", "5.2"}, {"own_exact", "6.2"}, {"own_exact", "7.0"}, {"own_part", "5.2"},
+    {"own_part", "6.2"},  {"own_part", "7.0"},  {"own_first", "5.2"}, {"own_first", "6.2"},
+    {"own_first", "7.0"}, {"interior", "6.2"},
+};
+
+static const int hip_ownership_cases[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+
+ParameterizedTestParameters(vendors, hip_ownership)
+{
+    return cr_make_param_array(int, hip_ownership_cases,
+                               sizeof(hip_ownership_cases) / sizeof(*hip_ownership_cases));
+}
+
+/* The program's own hipHostRegister and hipHostUnregister return what they
+ * return without the shim; the pages are the program's while it holds them
+ * registered and the shim's again after (registered_after). */
+ParameterizedTest(const int *index, vendors, hip_ownership)
+{
+    const struct ownership *o = &hip_ownership[*index];
+    struct shim_run without, with;
+    struct vendor_case c = {"HIP_PROGRAM", o->scenario, o->version, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered_after"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "pinned_after"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "registered_after_munlock"), 0);
+    /* Violations only where the program registered unlocked memory itself. */
+    cr_assert_eq(printed(&with, "violations"), printed(&without, "violations"), "%s",
+                 with.result.out);
+    if (strcmp(o->scenario, "own_exact") == 0) {
+        /* Handed over and kept without a call: the runtime sees as many
+         * calls as without the shim. */
+        cr_assert_eq(printed(&with, "shim_register_calls") +
+                         printed(&with, "program_register_calls"),
+                     printed(&without, "program_register_calls"));
+        cr_assert_eq(printed(&with, "shim_unregister_calls") +
+                         printed(&with, "program_unregister_calls"),
+                     printed(&without, "program_unregister_calls"));
+        cr_assert_eq(shim_run_stats_number(&with, "program", "handed_over"), 1, "%s", with.stats);
+        cr_assert_eq(shim_run_stats_number(&with, "program", "kept"), 1, "%s", with.stats);
+    }
+    if (strcmp(o->scenario, "own_first") == 0)
+        cr_assert_eq(printed(&with, "registered"), 0, "the program's pages: %s", with.result.out);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* A registration the shim cannot see (the program's call through
+ * libamdhip64's own handle): before ROCm 7 HIP would take a second
+ * registration of the same memory without a word, and the program's
+ * unregistration would then leave the shim's in place. The shim asks
+ * hipPointerGetAttributes first there (and gets 712 from 7), and leaves
+ * the memory to the program. */
+ParameterizedTestParameters(vendors, hip_registration_the_shim_cannot_see)
+{
+    return cr_make_param_array(int, three, 3);
+}
+
+ParameterizedTest(const int *index, vendors, hip_registration_the_shim_cannot_see)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"HIP_PROGRAM", "own_unseen", hip_versions[*index], NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "pinned_between"), 0, "a second registration stayed: %s",
+                 with.result.out);
+    cr_assert_eq(printed(&with, "violations"), printed(&without, "violations"));
+    cr_assert_eq(shim_run_stats_number(&with, "register", "already_registered"), 1, "%s",
+                 with.stats);
+    if (*index < 2) /* before 7: no call at all */
+        cr_assert_eq(printed(&with, "shim_register_calls"), 0, "%s", with.result.out);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* Read-only memory: HIP has no read-only registration (0x8 is ignored, or
+ * coarse-grained since rocm-systems #6278) and KFD pins for writing, so the
+ * shim leaves it locked only, without a warning, in every version. */
+ParameterizedTestParameters(vendors, hip_read_only_stays_locked_only)
+{
+    return cr_make_param_array(int, three, 3);
+}
+
+ParameterizedTest(const int *index, vendors, hip_read_only_stays_locked_only)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"HIP_PROGRAM", "read_only", hip_versions[*index], NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "protect"), 0);
+    cr_assert_eq(printed(&with, "registered"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "pinned"), 0, "%s", with.result.out);
+    cr_assert_eq(shim_run_stats_number(&with, "register", "skipped_read_only_unsupported"), 1, "%s",
+                 with.stats);
+    cr_assert_eq(shim_run_stats_number(&with, "register", "read_only"), 0, "%s", with.stats);
+    cr_assert_eq(printed(&with, "shim_unregister_calls"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "violations"), 0, "%s", with.result.out);
+    shim_run_expect_no_warning(&with);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* At exit the shim unregisters before HIP tears itself down (an exit handler
+ * registered once HIP was chosen, after HIP started), and says which vendor
+ * and call it used. */
+Test(vendors, hip_exit_and_stats)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"HIP_PROGRAM", "exit_locked", NULL, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(shim_run_stats_number(&with, "unregister", "exit"), 1, "%s", with.stats);
+    cr_assert_eq(shim_run_stats_number(&with, "unregister", "ok"), 1, "%s", with.stats);
+    cr_assert_eq(shim_run_stats_number(&with, "unregister", "exit_unloading"), 0, "%s", with.stats);
+    cr_assert(strstr(with.stats, "\"accelerator\": {\"vendor\": \"hip\", \"title\": \"HIP\", "
+                                 "\"register_call\": \"hipHostRegister\", \"unregister_call\": "
+                                 "\"hipHostUnregister\"") != NULL,
+              "%s", with.stats);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* ---- Level Zero ---- */
+
+Test(vendors, ze_registers_when_mlock_returns)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "started", NULL, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_base"), 1, "zexDriverGetHostPointerBaseAddress: %s",
+                 with.result.out);
+    cr_assert_eq(printed(&with, "imported_after_munlock"), 0);
+    cr_assert_eq(printed(&with, "shim_import_calls"), 1);
+    cr_assert_eq(printed(&with, "shim_release_calls"), 1);
+    cr_assert_eq(printed(&with, "violations"), 0, "loader handles, early calls: %s",
+                 with.result.out);
+    shim_run_expect_no_warning(&with);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* Of two drivers (a GPU's and, say, an NPU's without the import), the one
+ * that offers it. */
+Test(vendors, ze_picks_the_driver_with_the_import)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "started", NULL, "FAKE_ZE_DRIVERS=2"};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_base"), 1);
+    cr_assert_eq(printed(&with, "violations"), 0);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+Test(vendors, ze_never_started_by_the_shim)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "deferred", NULL, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered_before_start"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "started_by_then"), 0, "the shim called zeInit: %s",
+                 with.result.out);
+    cr_assert_eq(printed(&with, "registered_after_start"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_base"), 1);
+    /* No call but zeDriverGet before zeInit (the others crash loaders from
+     * 1.15.7): the fake records any as "too_early". */
+    cr_assert_eq(printed(&with, "violations"), 0, "%s", with.result.out);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* Loader 1.15.7 crashes on zeDriverGet before zeInit: the shim does not ask
+ * it, and learns of the program's zeInit by defining zeInit itself. */
+Test(vendors, ze_loader_1_15_7_is_not_asked_before_zeinit)
+{
+    struct shim_run without, with;
+    char path[1100];
+    snprintf(path, sizeof(path), "LD_LIBRARY_PATH=%s", shim_run_required_env("FAKE_ZE_1_15_7"));
+    struct vendor_case c = {"ZE_PROGRAM", "deferred", NULL, path};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered_before_start"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "registered_after_start"), 1, "%s%s", with.result.out,
+                 with.result.err);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+static const char *const ze_ownership[] = {"own_exact", "own_inside", "own_first", "release_inner"};
+
+static const int four[] = {0, 1, 2, 3};
+
+ParameterizedTestParameters(vendors, ze_ownership)
+{
+    return cr_make_param_array(int, four, 4);
+}
+
+/* The program's own imports and releases (SYCL's prepare_for_device_copy
+ * and release_from_device_copy) return what they return without the shim;
+ * a release of the program's never drops an import of the shim's, nor the
+ * other way round. */
+ParameterizedTest(const int *index, vendors, ze_ownership)
+{
+    const char *const *scenario = &ze_ownership[*index];
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", *scenario, NULL, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered_after"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_after"), 1, "the import is gone: %s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_after_munlock"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "violations"), printed(&without, "violations"), "%s",
+                 with.result.out);
+    if (strcmp(*scenario, "own_exact") == 0) {
+        cr_assert_eq(printed(&with, "shim_import_calls") + printed(&with, "program_import_calls"),
+                     printed(&without, "program_import_calls"));
+        cr_assert_eq(printed(&with, "shim_release_calls") + printed(&with, "program_release_calls"),
+                     printed(&without, "program_release_calls"));
+    }
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* Read-only memory: compute-runtime's userptr is pinned for writing, and
+ * the import takes no flags: locked only, without a warning. */
+Test(vendors, ze_read_only_stays_locked_only)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "read_only", NULL, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "protect"), 0);
+    cr_assert_eq(printed(&with, "registered"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_base"), 0, "%s", with.result.out);
+    cr_assert_eq(shim_run_stats_number(&with, "register", "skipped_read_only_unsupported"), 1, "%s",
+                 with.stats);
+    cr_assert_eq(printed(&with, "shim_release_calls"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "violations"), 0, "%s", with.result.out);
+    shim_run_expect_no_warning(&with);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* A driver whose import is off (EnableHostPointerImport=0): every import
+ * fails; the program goes on as without the shim, warned once. */
+Test(vendors, ze_import_off)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "started", NULL, "FAKE_ZE_IMPORT=0"};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered"), 0, "%s", with.result.out);
+    cr_assert_eq(shim_run_stats_number(&with, "register", "failed"), 1, "%s", with.stats);
+    cr_assert(strstr(with.result.err, "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE") != NULL, "%s",
+              with.result.err);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+Test(vendors, ze_exit_and_stats)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "exit_locked", NULL, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(shim_run_stats_number(&with, "unregister", "ok"), 1, "%s", with.stats);
+    cr_assert_eq(shim_run_stats_number(&with, "unregister", "exit_unloading"), 0, "%s", with.stats);
+    cr_assert(strstr(with.stats, "\"register_call\": \"zexDriverImportExternalPointer\"") != NULL,
+              "%s", with.stats);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}

@@ -1,0 +1,145 @@
+/* hip_program: a HIP program as a new user would write it (linked against
+ * libamdhip64, here the tests' fake), locking an 8 MiB posix_memalign buffer,
+ * run by tests/integration/test_vendors.c with and without the shim. It
+ * prints what it saw as key=value lines. The scenario is argv[1]:
+ *
+ *   started       hipSetDevice + hipMalloc first, then mlock, munlock, free
+ *   deferred      mlock before any HIP call; then hipSetDevice; pinshim_drain
+ *   last_error    a failing HIP call, then mlock: hipGetLastError still says it
+ *   own_exact     the program registers the locked buffer itself, whole, and
+ *                 unregisters it (PyTorch's and DeepSpeed's hipHostRegister)
+ *   own_part      the same for 64 KiB inside the buffer
+ *   own_first     the program registers first, then locks, then unregisters
+ *   interior      hipHostUnregister of an address inside the locked buffer
+ *   own_unseen    the program registers first through libamdhip64's own handle
+ *                 (dlsym on it: a call the shim cannot see), then locks
+ *   exit_locked   exits with the buffer locked (the shim unregisters at exit)
+ *   read_only     the buffer is made read-only (mprotect), then locked: no
+ *                 host registration of this vendor's pins read-only memory */
+#define __HIP_PLATFORM_AMD__
+#include <hip/hip_runtime_api.h>
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define BYTES ((size_t)8 << 20)
+#define PART_OFFSET ((size_t)1 << 20)
+#define PART_BYTES ((size_t)64 << 10)
+
+static int (*is_registered)(const void *);
+static size_t (*drain)(void);
+static uint64_t (*calls_by)(int, const char *);
+static size_t (*violations)(void);
+static int (*started)(void);
+
+static int registered(const void *pointer)
+{
+    return is_registered != NULL ? is_registered(pointer) : -1;
+}
+
+/* What hipPointerGetAttributes says: 1 registered host memory, 0 not. */
+static int pinned(const void *pointer)
+{
+    int version = 0;
+    hipRuntimeGetVersion(&version);
+    hipPointerAttribute_t attributes;
+    if (hipPointerGetAttributes(&attributes, pointer) != hipSuccess) {
+        hipGetLastError();
+        return 0;
+    }
+    return (int)attributes.memoryType == (version >= 60000000 ? 1 : 0);
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *scenario = argc > 1 ? argv[1] : "started";
+    *(void **)&is_registered = dlsym(RTLD_DEFAULT, "pinshim_is_registered");
+    *(void **)&drain = dlsym(RTLD_DEFAULT, "pinshim_drain");
+    *(void **)&calls_by = dlsym(RTLD_DEFAULT, "fake_gpu_call_count_by");
+    *(void **)&violations = dlsym(RTLD_DEFAULT, "fake_gpu_violation_count");
+    *(void **)&started = dlsym(RTLD_DEFAULT, "fake_hip_started");
+    unsigned char *buffer = NULL;
+    if (posix_memalign((void **)&buffer, 4096, BYTES) != 0)
+        return 3;
+    memset(buffer, 0x5a, BYTES);
+
+    if (strcmp(scenario, "deferred") == 0) {
+        printf("mlock=%d\n", mlock(buffer, BYTES));
+        printf("registered_before_start=%d\n", registered(buffer));
+        printf("started_by_then=%d\n", started());
+        printf("set_device=%d\n", hipSetDevice(0));
+        if (drain != NULL)
+            drain();
+        printf("registered_after_start=%d\n", registered(buffer));
+        printf("pinned=%d\n", pinned(buffer));
+    } else {
+        if (strcmp(scenario, "last_error") == 0) {
+            printf("set_device_99=%d\n", hipSetDevice(99));
+        } else {
+            void *device = NULL;
+            printf("set_device=%d\n", hipSetDevice(0));
+            printf("malloc=%d\n", hipMalloc(&device, 1 << 20));
+        }
+        /* Through the library's own handle: not the shim's definition. */
+        void *library = dlopen("libamdhip64.so.5", RTLD_NOW | RTLD_NOLOAD);
+        hipError_t (*unseen_register)(void *, size_t, unsigned) = NULL;
+        hipError_t (*unseen_unregister)(void *) = NULL;
+        *(void **)&unseen_register = dlsym(library, "hipHostRegister");
+        *(void **)&unseen_unregister = dlsym(library, "hipHostUnregister");
+        if (strcmp(scenario, "own_first") == 0)
+            printf("own_register=%d\n", hipHostRegister(buffer, BYTES, 0));
+        if (strcmp(scenario, "own_unseen") == 0)
+            printf("own_register=%d\n", unseen_register(buffer, BYTES, 0));
+        if (strcmp(scenario, "read_only") == 0)
+            printf("protect=%d\n", mprotect(buffer, BYTES, PROT_READ));
+        printf("mlock=%d\n", mlock(buffer, BYTES));
+        /* Before any other HIP call of this thread's (each sets it). */
+        if (strcmp(scenario, "last_error") == 0)
+            printf("last_error=%d\n", hipGetLastError());
+        printf("registered=%d\n", registered(buffer));
+        printf("pinned=%d\n", pinned(buffer));
+        if (strcmp(scenario, "exit_locked") == 0)
+            exit(0);
+        if (strcmp(scenario, "own_exact") == 0) {
+            printf("own_register=%d\n", hipHostRegister(buffer, BYTES, 0));
+            printf("own_unregister=%d\n", hipHostUnregister(buffer));
+        } else if (strcmp(scenario, "own_part") == 0) {
+            printf("own_register=%d\n", hipHostRegister(buffer + PART_OFFSET, PART_BYTES, 0));
+            printf("part_pinned=%d\n", pinned(buffer + PART_OFFSET));
+            printf("own_unregister=%d\n", hipHostUnregister(buffer + PART_OFFSET));
+        } else if (strcmp(scenario, "own_first") == 0) {
+            printf("own_unregister=%d\n", hipHostUnregister(buffer));
+        } else if (strcmp(scenario, "own_unseen") == 0) {
+            printf("own_unregister=%d\n", unseen_unregister(buffer));
+            printf("pinned_between=%d\n", pinned(buffer));
+            printf("own_register_again=%d\n", unseen_register(buffer, BYTES, 0));
+            printf("own_unregister_again=%d\n", unseen_unregister(buffer));
+        } else if (strcmp(scenario, "interior") == 0) {
+            printf("interior_unregister=%d\n", hipHostUnregister(buffer + 4096));
+        }
+        if (drain != NULL)
+            drain();
+        printf("registered_after=%d\n", registered(buffer));
+        printf("pinned_after=%d\n", pinned(buffer));
+    }
+    printf("munlock=%d\n", munlock(buffer, BYTES));
+    if (strcmp(scenario, "read_only") == 0)
+        printf("unprotect=%d\n", mprotect(buffer, BYTES, PROT_READ | PROT_WRITE));
+    printf("registered_after_munlock=%d\n", registered(buffer));
+    printf("pinned_after_munlock=%d\n", pinned(buffer));
+    free(buffer);
+    /* The calls the runtime saw from the program itself (register 0,
+     * unregister 1: fake_hip.h) and from the shim. */
+    printf("program_register_calls=%llu\n", (unsigned long long)calls_by(0, "hip_program"));
+    printf("program_unregister_calls=%llu\n", (unsigned long long)calls_by(1, "hip_program"));
+    printf("shim_register_calls=%llu\n", (unsigned long long)calls_by(0, "libpinshim"));
+    printf("shim_unregister_calls=%llu\n", (unsigned long long)calls_by(1, "libpinshim"));
+    printf("violations=%zu\n", violations());
+    return 0;
+}
