@@ -206,7 +206,7 @@ static void require_pages_on_node_zero(bool only_get_mempolicy)
     char *page = aligned_alloc((size_t)page_size, (size_t)page_size);
     cr_assert_not_null(page);
     page[0] = 1;
-    int node = only_get_mempolicy ? page_node(page, true) : page_node(page, false);
+    int node = page_node(page, only_get_mempolicy);
     if (node < 0 && !only_get_mempolicy)
         node = page_node(page, true);
     free(page);
