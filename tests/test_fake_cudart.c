@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static const char *const config_variables[] = {
@@ -1923,4 +1924,533 @@ Test(fake_cuda, host_alloc_locks_its_memory_itself_and_maps_it)
     cr_assert_eq(cudaHostUnregister(plain), 0);
     cr_assert_eq(cudaHostRegister(plain, 4096, 0), 0);
     cr_assert_eq(cudaHostGetDevicePointer(&device, plain, 0), 0, "the default maps it");
+}
+
+/* ---- Device memory and copies: the memcpy rule. ---- */
+
+/* What the driver counted, by enum fake_cuda_copy_kind. */
+struct copy_tally {
+    uint64_t pinned, pageable, refused, device, host, invalid;
+};
+
+static struct copy_tally copy_tally(void)
+{
+    return (struct copy_tally){
+        .pinned = fake_cuda_copy_count(FAKE_CUDA_COPY_PINNED),
+        .pageable = fake_cuda_copy_count(FAKE_CUDA_COPY_PAGEABLE),
+        .refused = fake_cuda_copy_count(FAKE_CUDA_COPY_REFUSED),
+        .device = fake_cuda_copy_count(FAKE_CUDA_COPY_DEVICE),
+        .host = fake_cuda_copy_count(FAKE_CUDA_COPY_HOST),
+        .invalid = fake_cuda_copy_count(FAKE_CUDA_COPY_INVALID),
+    };
+}
+
+static void assert_tally(struct copy_tally expected)
+{
+    struct copy_tally seen = copy_tally();
+    cr_assert(memcmp(&seen, &expected, sizeof seen) == 0,
+              "copies pinned %ju pageable %ju refused %ju device %ju host %ju invalid %ju, "
+              "expected %ju %ju %ju %ju %ju %ju",
+              (uintmax_t)seen.pinned, (uintmax_t)seen.pageable, (uintmax_t)seen.refused,
+              (uintmax_t)seen.device, (uintmax_t)seen.host, (uintmax_t)seen.invalid,
+              (uintmax_t)expected.pinned, (uintmax_t)expected.pageable, (uintmax_t)expected.refused,
+              (uintmax_t)expected.device, (uintmax_t)expected.host, (uintmax_t)expected.invalid);
+}
+
+static size_t page_bytes(void)
+{
+    return (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A pattern that differs between seeds and along the buffer. */
+static void fill(char *memory, size_t bytes, unsigned seed)
+{
+    for (size_t i = 0; i < bytes; i++)
+        memory[i] = (char)(seed * 31 + i * 7 + i / 251);
+}
+
+static bool holds(const char *memory, size_t bytes, unsigned seed)
+{
+    for (size_t i = 0; i < bytes; i++) {
+        if (memory[i] != (char)(seed * 31 + i * 7 + i / 251))
+            return false;
+    }
+    return true;
+}
+
+static CUdeviceptr device_buffer(size_t bytes)
+{
+    CUdeviceptr buffer = 0;
+    cr_assert_eq(cuMemAlloc_v2(&buffer, bytes), 0);
+    cr_assert(fake_cuda_is_device_pointer(buffer), "0x%llx", buffer);
+    return buffer;
+}
+
+/* Device contents, read through a scratch mapping that is registered nowhere
+ * (a pageable copy: counted as one). */
+static bool device_holds(CUdeviceptr buffer, size_t bytes, unsigned seed)
+{
+    size_t pages = (bytes + page_bytes() - 1) / page_bytes();
+    char *scratch = map_pages(pages);
+    cr_assert_eq(cuMemcpyDtoH_v2(scratch, buffer, bytes), 0);
+    bool same = holds(scratch, bytes, seed);
+    cr_assert_eq(munmap(scratch, pages * page_bytes()), 0);
+    return same;
+}
+
+Test(fake_cuda, copies_inside_one_registration_are_pinned_and_move_the_data)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    size_t page = page_bytes();
+    char *host = map_pages(4);
+    cr_assert_eq(cuMemHostRegister_v2(host, 4 * page, 0), 0);
+    CUdeviceptr device = device_buffer(4 * page);
+
+    fill(host, 2 * page, 1);
+    fill(host + 2 * page, 2 * page, 2);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 2 * page), 0);
+    cr_assert_eq(cuMemcpyDtoH_v2(host + 2 * page, device, 2 * page), 0);
+    cr_assert(holds(host + 2 * page, 2 * page, 1), "the bytes went there and back");
+
+    /* Async, on the NULL stream and on CU_STREAM_LEGACY, at interior device
+     * addresses and odd host offsets. */
+    fill(host + 5, page, 3);
+    cr_assert_eq(cuMemcpyHtoDAsync_v2(device + 1000, host + 5, page, NULL), 0);
+    cr_assert_eq(
+        cuMemcpyDtoHAsync_v2(host + 2 * page + 7, device + 1000, page, (CUstream)(uintptr_t)1), 0);
+    cr_assert_eq(cuStreamSynchronize(NULL), 0);
+    cr_assert(holds(host + 2 * page + 7, page, 3));
+
+    assert_tally((struct copy_tally){.pinned = 4});
+    cr_assert_eq(fake_cuda_copy_bytes(FAKE_CUDA_COPY_PINNED), 6 * page);
+    cr_assert_eq(fake_cuda_copy_bytes(FAKE_CUDA_COPY_PAGEABLE), 0);
+    cr_assert_eq(fake_cuda_call_count(FAKE_CU_CALL_MEMCPY_HTOD_ASYNC_V2), 1);
+    cr_assert_eq(cuMemFree_v2(device), 0);
+    cr_assert_eq(fake_cuda_device_allocations(), 0);
+}
+
+Test(fake_cuda, runtime_copies_inside_one_registration)
+{
+    fresh_state(NULL, NULL);
+    size_t page = page_bytes();
+    void *device = NULL;
+    cr_assert_eq(cudaMalloc(&device, 2 * page), 0, "the first call: it creates the context");
+    cr_assert_eq(fake_cuda_contexts_created_by(SELF), 1, "attributed to the runtime's caller");
+    cr_assert_eq(fake_cuda_contexts_created_by(RUNTIME), 0);
+    cr_assert(fake_cuda_is_device_pointer((uintptr_t)device));
+    char *host = map_pages(2);
+    cr_assert_eq(cudaHostRegister(host, 2 * page, 0), 0);
+
+    fill(host, page, 4);
+    cr_assert_eq(cudaMemcpy(device, host, page, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE), 0);
+    cr_assert_eq(cudaMemcpy(host + page, device, page, FAKE_CUDA_MEMCPY_DEVICE_TO_HOST), 0);
+    cr_assert(holds(host + page, page, 4));
+
+    fill(host, page, 5);
+    cr_assert_eq(cudaMemcpyAsync(device, host, page, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE, NULL), 0);
+    cr_assert_eq(cudaMemcpyAsync(host + page, device, page, FAKE_CUDA_MEMCPY_DEVICE_TO_HOST, NULL),
+                 0);
+    cr_assert_eq(cudaStreamSynchronize(NULL), 0);
+    cr_assert(holds(host + page, page, 5));
+
+    fill(host, page, 6);
+    cr_assert_eq(cudaMemcpy(device, host, page, FAKE_CUDA_MEMCPY_DEFAULT), 0);
+    cr_assert_eq(cudaMemcpy(host + page, device, page, FAKE_CUDA_MEMCPY_DEFAULT), 0);
+    cr_assert(holds(host + page, page, 6));
+    assert_tally((struct copy_tally){.pinned = 6});
+    cr_assert_eq(fake_cudart_copy_count(FAKE_CUDA_COPY_PINNED), 6);
+
+    /* Device to device, and the runtime's own host to host. */
+    void *other = NULL;
+    cr_assert_eq(cudaMalloc(&other, page), 0);
+    cr_assert_eq(cudaMemcpy(other, device, page, FAKE_CUDA_MEMCPY_DEVICE_TO_DEVICE), 0);
+    fill(host + page, page, 0);
+    cr_assert_eq(cudaMemcpyAsync(host + page, other, page, FAKE_CUDA_MEMCPY_DEVICE_TO_HOST, NULL),
+                 0);
+    cr_assert(holds(host + page, page, 6));
+    fill(host, page, 7);
+    cr_assert_eq(cudaMemcpy(host + page, host, page, FAKE_CUDA_MEMCPY_HOST_TO_HOST), 0);
+    cr_assert(holds(host + page, page, 7));
+    assert_tally((struct copy_tally){.pinned = 7, .device = 1});
+    cr_assert_eq(fake_cudart_call_count(FAKE_CALL_MEMCPY), 6);
+    cr_assert_eq(fake_cudart_call_count(FAKE_CALL_MEMCPY_ASYNC), 3);
+    cr_assert_eq(cudaGetLastError(), 0);
+
+    cr_assert_eq(cudaFree(device), 0);
+    cr_assert_eq(cudaFree(other), 0);
+    cr_assert_eq(fake_cuda_device_allocations(), 0);
+    cr_assert_eq(cudaFree(device), 1, "twice");
+    cr_assert_eq(cudaGetLastError(), 1);
+}
+
+Test(fake_cuda, copies_from_unregistered_memory_are_pageable)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    size_t page = page_bytes();
+    char *host = map_pages(4);
+    CUdeviceptr device = device_buffer(2 * page);
+    /* A registration right after the range: touching is not overlapping. */
+    cr_assert_eq(cuMemHostRegister_v2(host + 2 * page, 2 * page, 0), 0);
+
+    fill(host, 2 * page, 8);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 2 * page), 0);
+    fill(host, 2 * page, 0);
+    cr_assert_eq(cuMemcpyDtoHAsync_v2(host, device, 2 * page, NULL), 0);
+    cr_assert(holds(host, 2 * page, 8));
+    fill(host, page, 9);
+    cr_assert_eq(cudaMemcpy((void *)(uintptr_t)device, host, page, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE),
+                 0);
+    cr_assert_eq(cudaMemcpyAsync(host + page, (void *)(uintptr_t)device, page,
+                                 FAKE_CUDA_MEMCPY_DEVICE_TO_HOST, NULL),
+                 0);
+    cr_assert(holds(host + page, page, 9));
+    assert_tally((struct copy_tally){.pageable = 4});
+    cr_assert_eq(fake_cuda_copy_bytes(FAKE_CUDA_COPY_PAGEABLE), 6 * page);
+    cr_assert_eq(cudaGetLastError(), 0);
+}
+
+/* Measured on an H200 (driver 580): two registrations of neighbouring pages,
+ * and a copy across the joint, is cudaErrorInvalidValue in both directions,
+ * with cudaMemcpy and cudaMemcpyAsync. */
+Test(fake_cuda, a_copy_across_two_adjacent_registrations_is_refused)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    size_t page = page_bytes();
+    char *host = map_pages(4);
+    cr_assert_eq(cuMemHostRegister_v2(host, 2 * page, 0), 0);
+    cr_assert_eq(cuMemHostRegister_v2(host + 2 * page, 2 * page, 0), 0);
+    CUdeviceptr device = device_buffer(2 * page);
+    void *device_address = (void *)(uintptr_t)device;
+
+    fill(host, 2 * page, 10);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 2 * page), 0, "inside the first one");
+    fill(host, 4 * page, 11);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + page, 2 * page), 1);
+    cr_assert_eq(cuMemcpyHtoDAsync_v2(device, host + page, 2 * page, NULL), 1);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + 2 * page - 1, 2), 1, "two bytes across the joint");
+    cr_assert_eq(cudaMemcpy(device_address, host + page, 2 * page, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE),
+                 1);
+    cr_assert_eq(cudaMemcpyAsync(device_address, host + page, 2 * page,
+                                 FAKE_CUDA_MEMCPY_HOST_TO_DEVICE, NULL),
+                 1);
+    cr_assert_eq(cudaMemcpy(device_address, host + page, 2 * page, FAKE_CUDA_MEMCPY_DEFAULT), 1);
+    cr_assert_eq(cudaGetLastError(), 1);
+    assert_tally((struct copy_tally){.pinned = 1, .refused = 6});
+    cr_assert(device_holds(device, 2 * page, 10), "nothing copied to the device");
+
+    cr_assert_eq(cuMemcpyDtoH_v2(host + page, device, 2 * page), 1);
+    cr_assert_eq(cuMemcpyDtoHAsync_v2(host + page, device, 2 * page, NULL), 1);
+    cr_assert_eq(cudaMemcpy(host + page, device_address, 2 * page, FAKE_CUDA_MEMCPY_DEVICE_TO_HOST),
+                 1);
+    cr_assert_eq(cudaMemcpyAsync(host + page, device_address, 2 * page,
+                                 FAKE_CUDA_MEMCPY_DEVICE_TO_HOST, NULL),
+                 1);
+    cr_assert_eq(cudaGetLastError(), 1);
+    cr_assert(holds(host, 4 * page, 11), "nothing copied to the host");
+    assert_tally((struct copy_tally){.pinned = 1, .pageable = 1, .refused = 10});
+
+    /* Each half on its own is pinned. */
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + page, page), 0);
+    cr_assert_eq(cuMemcpyHtoD_v2(device + page, host + 2 * page, page), 0);
+    cr_assert_eq(cuMemcpyDtoH_v2(host + 2 * page, device, page), 0);
+    assert_tally((struct copy_tally){.pinned = 4, .pageable = 1, .refused = 10});
+    cr_assert_eq(fake_cuda_copy_bytes(FAKE_CUDA_COPY_REFUSED), 18 * page + 2);
+
+    /* One of them gone: the range mixes registered and unregistered bytes. */
+    cr_assert_eq(cuMemHostUnregister(host + 2 * page), 0);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + page, 2 * page), 1);
+    /* Both gone: pageable. */
+    cr_assert_eq(cuMemHostUnregister(host), 0);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + page, 2 * page), 0);
+    assert_tally((struct copy_tally){.pinned = 4, .pageable = 2, .refused = 11});
+}
+
+Test(fake_cuda, a_copy_mixing_registered_and_unregistered_bytes_is_refused)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    size_t page = page_bytes();
+    char *host = map_pages(4);
+    cr_assert_eq(cuMemHostRegister_v2(host + page, 2 * page, 0), 0);
+    CUdeviceptr device = device_buffer(4 * page);
+    void *device_address = (void *)(uintptr_t)device;
+    fill(host, 4 * page, 12);
+
+    /* Starts inside the registration and runs out of it. */
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + 2 * page, 2 * page), 1);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + page, 2 * page + 1), 1, "one byte out");
+    cr_assert_eq(cuMemcpyDtoH_v2(host + 2 * page, device, 2 * page), 1);
+    cr_assert_eq(
+        cudaMemcpy(host + 2 * page, device_address, 2 * page, FAKE_CUDA_MEMCPY_DEVICE_TO_HOST), 1);
+    /* Starts outside and runs into it. */
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 2 * page), 1);
+    cr_assert_eq(cuMemcpyHtoDAsync_v2(device, host + page - 1, 2, NULL), 1, "one byte in");
+    cr_assert_eq(cuMemcpyDtoHAsync_v2(host, device, 2 * page, NULL), 1);
+    cr_assert_eq(cudaMemcpy(device_address, host, 2 * page, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE), 1);
+    /* Covers it. */
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 4 * page), 1);
+    assert_tally((struct copy_tally){.refused = 9});
+    cr_assert(holds(host, 4 * page, 12), "nothing copied to the host");
+    /* The device memory is as cuMemAlloc_v2 left it: zeroed. */
+    char *zero = map_pages(4);
+    memset(zero, 0, 4 * page);
+    char *scratch = map_pages(4);
+    cr_assert_eq(cuMemcpyDtoH_v2(scratch, device, 4 * page), 0);
+    cr_assert(memcmp(scratch, zero, 4 * page) == 0, "nothing copied to the device");
+
+    /* Exactly the registration, or exactly outside it. */
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + page, 2 * page), 0);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, page), 0);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + 3 * page, page), 0);
+    assert_tally((struct copy_tally){.pinned = 1, .pageable = 3, .refused = 9});
+}
+
+Test(fake_cuda, copies_from_host_alloc_memory_are_pinned)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    size_t page = page_bytes();
+    char *memory = NULL;
+    cr_assert_eq(cuMemHostAlloc((void **)&memory, 3 * page, 0), 0);
+    CUdeviceptr device = device_buffer(page);
+    fill(memory, page, 13);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, memory, page), 0);
+    cr_assert_eq(cuMemcpyDtoH_v2(memory + 2 * page, device, page), 0);
+    cr_assert(holds(memory + 2 * page, page, 13));
+    /* Running off its end mixes it with whatever follows. */
+    cr_assert_eq(cuMemcpyHtoD_v2(device, memory + 3 * page - 10, 20), 1);
+    assert_tally((struct copy_tally){.pinned = 2, .refused = 1});
+
+    /* The runtime's cudaMallocHost, with the kind inferred. */
+    char *pinned = NULL;
+    void *device_address = NULL;
+    cr_assert_eq(cudaMallocHost((void **)&pinned, 2 * page), 0);
+    cr_assert_eq(cudaMalloc(&device_address, page), 0);
+    fill(pinned, page, 14);
+    cr_assert_eq(cudaMemcpy(device_address, pinned, page, FAKE_CUDA_MEMCPY_DEFAULT), 0);
+    cr_assert_eq(
+        cudaMemcpyAsync(pinned + page, device_address, page, FAKE_CUDA_MEMCPY_DEFAULT, NULL), 0);
+    cr_assert(holds(pinned + page, page, 14));
+    assert_tally((struct copy_tally){.pinned = 4, .refused = 1});
+    cr_assert_eq(cudaFreeHost(pinned), 0);
+    cr_assert_eq(cuMemFreeHost(memory), 0);
+}
+
+Test(fake_cuda, copies_need_a_valid_device_range)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    char *host = map_pages(1);
+    CUdeviceptr device = device_buffer(1000);
+    cr_assert_eq(cuMemcpyHtoD_v2(0, host, 10), 1, "NULL");
+    cr_assert_eq(cuMemcpyHtoD_v2(device + 1000, host, 1), 1, "just past the end");
+    cr_assert_eq(cuMemcpyHtoD_v2(device + 990, host, 11), 1, "runs past the end");
+    cr_assert_eq(cuMemcpyHtoD_v2((CUdeviceptr)(uintptr_t)host, host, 10), 1, "a host address");
+    cr_assert_eq(cuMemcpyHtoD_v2(device - 1, host, 10), 1, "before it");
+    cr_assert_eq(cuMemcpyDtoH_v2(host, device + 1000, 1), 1);
+    cr_assert_eq(cuMemcpyDtoHAsync_v2(host, device + 999, 2, NULL), 1);
+    cr_assert_eq(cuMemcpyDtoD_v2(device, device + 500, 501), 1);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, NULL, 10), 1, "NULL host");
+    cr_assert_eq(cuMemcpyDtoH_v2((void *)(uintptr_t)device, device, 10), 1, "device as host");
+    assert_tally((struct copy_tally){.invalid = 10});
+    cr_assert_eq(cuMemcpyHtoD_v2(device + 990, host, 10), 0, "the last bytes");
+    cr_assert_eq(cuMemcpyHtoD_v2(0, NULL, 0), 0, "0 bytes: nothing looked at");
+    assert_tally((struct copy_tally){.pageable = 1, .invalid = 10});
+
+    /* Allocation and freeing. */
+    CUdeviceptr other = 0;
+    cr_assert_eq(cuMemAlloc_v2(&other, 0), 1, "cuda.h: 0 bytes");
+    cr_assert_eq(cuMemAlloc_v2(NULL, 8), 1);
+    cr_assert_eq(cuMemFree_v2(device + 8), 1, "interior");
+    cr_assert_eq(cuMemFree_v2(0), 1);
+    cr_assert_eq(cuMemFree_v2(device), 0);
+    cr_assert_eq(cuMemFree_v2(device), 1, "twice");
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 10), 1, "freed");
+    cr_assert_eq(fake_cuda_device_allocations(), 0);
+    other = device_buffer(1000);
+    cr_assert_neq(other, device, "addresses are not reused");
+
+    /* The runtime. */
+    void *none = host;
+    cr_assert_eq(cudaMalloc(&none, 0), 0);
+    cr_assert_null(none, "size 0: NULL");
+    cr_assert_eq(cudaMalloc(NULL, 8), 1);
+    cr_assert_eq(cudaMemcpy(host, host, 10, 5), 21);
+    cr_assert_eq(cudaMemcpyAsync(host, host, 10, -1, NULL), 21);
+    cr_assert_str_eq(cudaGetErrorName(21), "cudaErrorInvalidMemcpyDirection");
+    cr_assert_eq(cudaMemcpy(host, host, 10, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE), 1, "not device");
+    cr_assert_eq(cudaMemcpy((void *)(uintptr_t)(device), host, 10, FAKE_CUDA_MEMCPY_DEFAULT), 1,
+                 "freed");
+    cr_assert_eq(cudaMemcpy(NULL, host, 10, FAKE_CUDA_MEMCPY_HOST_TO_HOST), 1);
+    cr_assert_eq(cudaGetLastError(), 1);
+    cr_assert_eq(cudaFree(host), 1, "not device memory");
+    assert_tally((struct copy_tally){.pageable = 1, .invalid = 13});
+}
+
+Test(fake_cuda, copies_need_the_state_and_a_context)
+{
+    fresh_state(NULL, NULL);
+    char *host = map_pages(1);
+    CUdeviceptr device = 0;
+    cr_assert_eq(cuMemcpyHtoD_v2(1, host, 10), 3);
+    cr_assert_eq(cuMemAlloc_v2(&device, 10), 3);
+    cr_assert_eq(cuStreamSynchronize(NULL), 3);
+    cr_assert_eq(cuInit(0), 0);
+    cr_assert_eq(cuMemcpyHtoD_v2(1, host, 10), 201, "no context");
+    cr_assert_eq(cuMemcpy(1, (CUdeviceptr)(uintptr_t)host, 10), 201);
+    cr_assert_eq(cuMemAlloc_v2(&device, 10), 201);
+    cr_assert_eq(cuMemFree_v2(1), 201);
+    cr_assert_eq(cuStreamSynchronize(NULL), 201);
+    assert_tally((struct copy_tally){0});
+
+    /* Allocations go with their context. */
+    init_and_make_current(0);
+    device = device_buffer(4096);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 10), 0);
+    cr_assert_eq(cuDevicePrimaryCtxReset_v2(0), 0);
+    cr_assert_eq(fake_cuda_device_allocations(), 0);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 10), 709, "the current context is destroyed");
+    init_and_make_current(0);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 10), 1, "the allocation went with it");
+    assert_tally((struct copy_tally){.pageable = 1, .invalid = 1});
+
+    /* And with a reset of the double. */
+    device = device_buffer(4096);
+    fake_cuda_reset();
+    cr_assert_eq(fake_cuda_device_allocations(), 0);
+    assert_tally((struct copy_tally){0});
+}
+
+Test(fake_cuda, unified_copies_infer_each_side)
+{
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    size_t page = page_bytes();
+    char *host = map_pages(4);
+    CUdeviceptr device = device_buffer(page), other = device_buffer(page);
+    CUdeviceptr host_address = (CUdeviceptr)(uintptr_t)host;
+    fill(host, page, 15);
+    cr_assert_eq(cuMemcpy(device, host_address, page), 0);
+    cr_assert_eq(cuMemcpyAsync(other, device, page, NULL), 0);
+    cr_assert_eq(cuMemcpyDtoD_v2(device, other, page), 0);
+    cr_assert_eq(cuMemcpyDtoDAsync_v2(other, device, page, NULL), 0);
+    cr_assert_eq(cuMemcpy(host_address + page, other, page), 0);
+    cr_assert(holds(host + page, page, 15));
+    fill(host, page, 16);
+    cr_assert_eq(cuMemcpyAsync(host_address + 2 * page, host_address, page, NULL), 0);
+    cr_assert(holds(host + 2 * page, page, 16));
+    cr_assert_eq(cudaMemcpy(host + 3 * page, host, page, FAKE_CUDA_MEMCPY_DEFAULT), 0);
+    cr_assert(holds(host + 3 * page, page, 16));
+    assert_tally((struct copy_tally){.pageable = 2, .device = 3, .host = 2});
+
+    /* The rule applies to the host side however the kind was found. */
+    cr_assert_eq(cuMemHostRegister_v2(host, page, 0), 0);
+    cr_assert_eq(cuMemHostRegister_v2(host + page, page, 0), 0);
+    cr_assert_eq(cuMemcpy(device, host_address + 100, page), 1);
+    cr_assert_eq(cuMemcpyAsync(host_address + 100, device, page, NULL), 1);
+    cr_assert_eq(cuMemcpy(device, host_address + 100, page - 100), 0);
+    /* Host to host has no rule. */
+    cr_assert_eq(cuMemcpy(host_address + 2 * page, host_address + 100, page), 0);
+    assert_tally(
+        (struct copy_tally){.pinned = 1, .pageable = 2, .refused = 2, .device = 3, .host = 3});
+}
+
+/* A registration still sleeping in simulated latency counts as registered:
+ * a copy inside it is pinned, one running out of it refused. */
+Test(fake_cuda, a_registration_in_flight_counts_as_registered)
+{
+    fresh_state("FAKE_CUDA_REGISTER_SECONDS_PER_GIB", "1000");
+    void *device = NULL;
+    cr_assert_eq(cudaMalloc(&device, 4096), 0);
+    pthread_t registering;
+    cr_assert_eq(pthread_create(&registering, NULL, register_one_gib, NULL), 0);
+    cr_assert(wait_until(one_registration_in_flight, "the registration's sleep"));
+    cr_assert_eq(fake_cuda_live_count(), 0);
+    cr_assert_eq(cudaMemcpy(device, fake_address(4096), 100, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE), 0);
+    cr_assert_eq(cudaMemcpy(device, fake_address(0) - 50, 100, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE), 1);
+    cr_assert_eq(cudaMemcpy(fake_address(GiB - 50), device, 100, FAKE_CUDA_MEMCPY_DEVICE_TO_HOST),
+                 1);
+    assert_tally((struct copy_tally){.pinned = 1, .refused = 2});
+    fake_cuda_wake_sleepers();
+    void *error;
+    cr_assert_eq(pthread_join(registering, &error), 0);
+    cr_assert_eq((intptr_t)error, 0);
+}
+
+Test(fake_cuda, a_refused_copy_is_logged_to_the_driver_log_only)
+{
+    char cuda_path[] = "/tmp/fake_cuda_log_XXXXXX";
+    char cudart_path[] = "/tmp/fake_cudart_log_XXXXXX";
+    int fd = mkstemp(cuda_path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    fd = mkstemp(cudart_path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    fresh_state("FAKE_CUDA_LOG", cuda_path);
+    setenv("FAKE_CUDART_LOG", cudart_path, 1);
+    fake_cudart_reset();
+    fake_cuda_reset();
+
+    size_t page = page_bytes();
+    char *host = map_pages(2);
+    cr_assert_eq(cudaHostRegister(host, page, 0), 0);
+    cr_assert_eq(cudaHostRegister(host + page, page, 0), 0);
+    void *device = NULL;
+    cr_assert_eq(cudaMalloc(&device, 2 * page), 0);
+    cr_assert_eq(cudaMemcpy(device, host, page, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE), 0);
+    cr_assert_eq(cudaMemcpy(device, host + 8, page, FAKE_CUDA_MEMCPY_HOST_TO_DEVICE), 1);
+    cr_assert_eq(cudaMemcpyAsync(host + 16, device, page, FAKE_CUDA_MEMCPY_DEVICE_TO_HOST, NULL),
+                 1);
+
+    char expected[512];
+    int pid = (int)getpid();
+    uintmax_t base = (uintptr_t)host;
+    uintmax_t handle = (uintptr_t)primary_state(0).context;
+    snprintf(expected, sizeof expected,
+             "copy_refused %d 0x%jx %zu htod 0 0x%jx\n"
+             "copy_refused %d 0x%jx %zu dtoh 0 0x%jx\n",
+             pid, base + 8, page, handle, pid, base + 16, page, handle);
+    char *text = read_whole_file(cuda_path);
+    char *first = strstr(text, "copy_refused");
+    cr_assert_not_null(first, "%s", text);
+    cr_assert_str_eq(first, expected);
+
+    snprintf(expected, sizeof expected,
+             "register %d 0x%jx %zu 3 0\n"
+             "register %d 0x%jx %zu 3 0\n",
+             pid, base, page, pid, base + page, page);
+    cr_assert_str_eq(read_whole_file(cudart_path), expected, "nothing about copies");
+    unlink(cuda_path);
+    unlink(cudart_path);
+}
+
+/* process_vm_readv on the process itself, as the driver double copies. */
+static bool self_copy_works(void)
+{
+    char from[8] = "copy me", to[8] = {0};
+    struct iovec local = {to, sizeof to}, remote = {from, sizeof from};
+    return syscall(SYS_process_vm_readv, (pid_t)getpid(), &local, 1UL, &remote, 1UL, 0UL) ==
+               (long)sizeof to &&
+           memcmp(from, to, sizeof to) == 0;
+}
+
+Test(fake_cuda, a_host_range_that_faults_is_invalid_not_a_crash)
+{
+    if (!self_copy_works())
+        cr_skip_test("process_vm_readv refused here: the double copies with memcpy");
+    fresh_state(NULL, NULL);
+    init_and_make_current(0);
+    size_t page = page_bytes();
+    char *host = map_pages(3);
+    cr_assert_eq(munmap(host + page, page), 0);
+    cr_assert_eq(mprotect(host + 2 * page, page, PROT_READ), 0);
+    CUdeviceptr device = device_buffer(2 * page);
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host, 2 * page), 1, "runs into a hole");
+    cr_assert_eq(cuMemcpyDtoH_v2(host + 2 * page, device, 10), 1, "read-only");
+    cr_assert_eq(cuMemcpyHtoD_v2(device, host + 2 * page, 10), 0, "reading it is fine");
+    assert_tally((struct copy_tally){.pageable = 1, .invalid = 2});
 }

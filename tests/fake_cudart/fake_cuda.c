@@ -33,6 +33,7 @@
 #include <sys/mman.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -139,6 +140,8 @@ static size_t unregistrations_in_flight;
 static uint64_t registrations_completed;
 
 static size_t violation_counts[FAKE_CU_VIOLATION_KIND_COUNT];
+static uint64_t copy_counts[FAKE_CUDA_COPY_KIND_COUNT];
+static uint64_t copy_byte_counts[FAKE_CUDA_COPY_KIND_COUNT];
 static uint64_t register_fail_counter;
 static uint64_t unregister_fail_counter;
 
@@ -472,6 +475,7 @@ static void sleep_cond_init(void)
 }
 
 static void tree_drop_all(void);
+static void device_drop_all(void);
 
 static void forget_contexts_and_counters_locked(void)
 {
@@ -485,7 +489,10 @@ static void forget_contexts_and_counters_locked(void)
     registrations_in_flight = 0;
     unregistrations_in_flight = 0;
     registrations_completed = 0;
+    memset(copy_counts, 0, sizeof copy_counts);
+    memset(copy_byte_counts, 0, sizeof copy_byte_counts);
     tree_drop_all();
+    device_drop_all();
 }
 
 /* A fork while another thread holds a lock would leave it locked forever in
@@ -674,10 +681,12 @@ static uint32_t context_create_locked(int device, bool primary, unsigned creator
 }
 
 static size_t registrations_drop_context_locked(uint32_t serial);
+static void device_drop_context_locked(uint32_t serial);
 
 static void context_destroy_locked(uint32_t serial, int device, const char *reason)
 {
     size_t dropped = registrations_drop_context_locked(serial);
+    device_drop_context_locked(serial);
     if (cuda_log_fd >= 0) {
         struct fake_line line;
         fake_line_start(&line, "ctx_destroy");
@@ -968,6 +977,91 @@ static size_t registrations_drop_context_locked(uint32_t serial)
             resume = batch.bases[batch.count - 1] + 1;
     } while (batch.count == sizeof batch.bases / sizeof batch.bases[0] && resume != 0);
     return dropped;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Device memory (cuMemAlloc_v2): a table of allocations, each backed by    */
+/* raw mmap memory and known by an address in fake device address space:   */
+/* non-canonical, so it is never a host address and dereferencing it       */
+/* faults, as a real device pointer does on the host.                       */
+
+#define DEVICE_TAG ((uintptr_t)0xDE00u << 48)
+#define DEVICE_SPAN ((uintptr_t)1 << 48)
+/* Allocations start on 2 MiB boundaries with at least 2 MiB unallocated
+ * after each, so a range running off the end of one never lands in the next. */
+#define DEVICE_ALIGNMENT ((uintptr_t)2 << 20)
+
+enum { MAX_DEVICE_ALLOCATIONS = 4096 };
+
+struct device_allocation {
+    uintptr_t address; /* 0: free slot */
+    size_t size;       /* as asked */
+    size_t mapped;     /* bytes of backing */
+    char *backing;
+    uint32_t context;
+    int device;
+};
+
+static struct device_allocation device_allocations[MAX_DEVICE_ALLOCATIONS];
+static size_t device_slots_used; /* slots [0, used) may be live */
+static size_t device_allocation_count;
+static uintptr_t next_device_offset = DEVICE_ALIGNMENT;
+
+static bool is_device_address(uintptr_t address)
+{
+    return (address & HANDLE_TAG_MASK) == DEVICE_TAG;
+}
+
+/* The live allocation holding all of [address, address + size), size >= 1. */
+static struct device_allocation *device_find_locked(uintptr_t address, size_t size)
+{
+    if (!is_device_address(address))
+        return NULL;
+    for (size_t i = 0; i < device_slots_used; i++) {
+        struct device_allocation *allocation = &device_allocations[i];
+        uintptr_t offset = address - allocation->address;
+        if (allocation->address && offset < allocation->size)
+            return size <= allocation->size - offset ? allocation : NULL;
+    }
+    return NULL;
+}
+
+static void device_release_locked(struct device_allocation *allocation)
+{
+    raw_munmap(allocation->backing, allocation->mapped);
+    memset(allocation, 0, sizeof *allocation);
+    device_allocation_count--;
+    while (device_slots_used && !device_allocations[device_slots_used - 1].address)
+        device_slots_used--;
+}
+
+/* cuda.h: resetting a primary context destroys all allocations made in it;
+ * destroying a context frees its resources. */
+static void device_drop_context_locked(uint32_t serial)
+{
+    for (size_t i = device_slots_used; i-- > 0;) {
+        if (device_allocations[i].address && device_allocations[i].context == serial)
+            device_release_locked(&device_allocations[i]);
+    }
+}
+
+static void device_drop_all(void)
+{
+    for (size_t i = device_slots_used; i-- > 0;) {
+        if (device_allocations[i].address)
+            device_release_locked(&device_allocations[i]);
+    }
+    device_slots_used = 0;
+    device_allocation_count = 0;
+}
+
+/* Backing for size bytes of device memory: never reserved swap, touched only
+ * by copies. NULL when the system refuses. */
+static void *raw_mmap_noreserve(size_t bytes)
+{
+    long result = syscall(SYS_mmap, NULL, bytes, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0L);
+    return result == -1 ? NULL : (void *)result;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2018,6 +2112,291 @@ FAKE_EXPORT int cuMemHostGetDevicePointer_v2(unsigned long long *device_pointer,
 }
 
 /* ------------------------------------------------------------------------ */
+/* Device memory and copies.                                                */
+
+/* cuMemAlloc: bytesize 0 is INVALID_VALUE (cuda.h). The memory is zeroed
+ * (cuda.h only says it is not cleared). */
+FAKE_EXPORT int cuMemAlloc_v2(CUdeviceptr *device_pointer, size_t size)
+{
+    caller_object(FAKE_CU_CALL_MEM_ALLOC_V2, CALLER());
+    lock_state();
+    uint32_t context = 0;
+    int device = -1;
+    int error = enter_context_call_locked(&context, &device);
+    if (!error && (!device_pointer || !size))
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    size_t slot = device_slots_used;
+    for (size_t i = 0; !error && i < device_slots_used; i++) {
+        if (!device_allocations[i].address) {
+            slot = i;
+            break;
+        }
+    }
+    uintptr_t span = 0;
+    if (!error) {
+        span = size > DEVICE_SPAN ? 0 : (size + 2 * DEVICE_ALIGNMENT - 1) & ~(DEVICE_ALIGNMENT - 1);
+        if (slot == MAX_DEVICE_ALLOCATIONS || !span || span > DEVICE_SPAN - next_device_offset)
+            error = FAKE_CU_ERROR_OUT_OF_MEMORY;
+    }
+    size_t mapped = (size + page_size - 1) & ~(page_size - 1);
+    void *backing = error ? NULL : raw_mmap_noreserve(mapped);
+    if (!error && !backing)
+        error = FAKE_CU_ERROR_OUT_OF_MEMORY;
+    if (!error) {
+        uintptr_t address = DEVICE_TAG | next_device_offset;
+        next_device_offset += span;
+        device_allocations[slot] = (struct device_allocation){
+            .address = address,
+            .size = size,
+            .mapped = mapped,
+            .backing = backing,
+            .context = context,
+            .device = device,
+        };
+        if (slot == device_slots_used)
+            device_slots_used++;
+        device_allocation_count++;
+        *device_pointer = address;
+    }
+    unlock_state();
+    return error;
+}
+
+/* Only the address cuMemAlloc_v2 returned frees an allocation, from any
+ * live context; 0, an interior or unknown address: INVALID_VALUE. */
+FAKE_EXPORT int cuMemFree_v2(CUdeviceptr device_pointer)
+{
+    caller_object(FAKE_CU_CALL_MEM_FREE_V2, CALLER());
+    lock_state();
+    uint32_t context = 0;
+    int device = -1;
+    int error = enter_context_call_locked(&context, &device);
+    struct device_allocation *allocation =
+        error || !device_pointer ? NULL : device_find_locked((uintptr_t)device_pointer, 1);
+    if (!error && (!allocation || allocation->address != (uintptr_t)device_pointer))
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    if (!error)
+        device_release_locked(allocation);
+    unlock_state();
+    return error;
+}
+
+/* The calling thread's own memory, copied with process_vm_readv: a host
+ * range that is not mapped (or not writable) fails with EFAULT instead of
+ * killing the test. Where the system refuses the call (qemu-user, seccomp),
+ * plain memcpy. Returns 0, or -1 when the range faults (maybe part copied). */
+static int copy_bytes(void *destination, const void *source, size_t size)
+{
+    pid_t self = (pid_t)syscall(SYS_getpid);
+    size_t done = 0;
+    while (done < size) {
+        struct iovec local = {(char *)destination + done, size - done};
+        struct iovec remote = {(char *)source + done, size - done};
+        long moved = syscall(SYS_process_vm_readv, self, &local, 1UL, &remote, 1UL, 0UL);
+        if (moved > 0) {
+            done += (size_t)moved;
+        } else if (moved < 0 && errno == EINTR) {
+            continue;
+        } else if (moved == 0 || errno == EFAULT) {
+            return -1;
+        } else {
+            memcpy((char *)destination + done, (const char *)source + done, size - done);
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* The memcpy rule for the host side of a host <-> device copy (the
+ * "\note_memcpy" of cuda.h's copies): the range lies inside one
+ * registration (pinned), or overlaps none (pageable); anything else is
+ * refused. Registrations in flight (registering, unregistering) count. */
+static enum fake_cuda_copy_kind host_range_kind_locked(uintptr_t base, size_t size)
+{
+    uint32_t node = registration_find_containing(base);
+    if (node)
+        return size <= node_pool[node].base + node_pool[node].size - base ? FAKE_CUDA_COPY_PINNED
+                                                                          : FAKE_CUDA_COPY_REFUSED;
+    return registration_overlaps(base, size) ? FAKE_CUDA_COPY_REFUSED : FAKE_CUDA_COPY_PAGEABLE;
+}
+
+static void log_copy_refused(uintptr_t host, size_t size, bool to_device, int device,
+                             uint32_t context)
+{
+    if (cuda_log_fd < 0)
+        return;
+    struct fake_line line;
+    fake_line_start(&line, "copy_refused");
+    fake_line_pointer(&line, host);
+    fake_line_decimal(&line, size);
+    fake_line_string(&line, to_device ? " htod" : " dtoh");
+    fake_line_signed(&line, device);
+    fake_line_pointer(&line, (uintptr_t)handle_of(context));
+    fake_line_emit(&line, cuda_log_fd);
+}
+
+/* Where a side of a copy lies: its allocation for device memory. */
+struct copy_side {
+    uintptr_t address;
+    bool device;
+    char *memory; /* what the fake reads or writes */
+};
+
+/* 0 and side->memory, or INVALID_VALUE: a device range outside every live
+ * allocation; a host range that is NULL, wraps, or lies in device space. */
+static int copy_side_resolve_locked(struct copy_side *side, size_t size)
+{
+    if (side->device) {
+        struct device_allocation *allocation = device_find_locked(side->address, size);
+        if (!allocation)
+            return FAKE_CU_ERROR_INVALID_VALUE;
+        side->memory = allocation->backing + (side->address - allocation->address);
+        return FAKE_CU_SUCCESS;
+    }
+    if (!side->address || size - 1 > UINTPTR_MAX - side->address ||
+        is_device_address(side->address) || is_device_address(side->address + size - 1))
+        return FAKE_CU_ERROR_INVALID_VALUE;
+    side->memory = (char *)side->address;
+    return FAKE_CU_SUCCESS;
+}
+
+static void count_copy_locked(enum fake_cuda_copy_kind kind, size_t size)
+{
+    copy_counts[kind]++;
+    copy_byte_counts[kind] += size;
+}
+
+/* Every copy entry point: synchronous, done before it returns (so a stream,
+ * which is not looked at, has nothing left to wait for). The state lock is
+ * held throughout: no registration or allocation changes under a copy. */
+static int memory_copy(struct copy_side destination, struct copy_side source, size_t size)
+{
+    lock_state();
+    uint32_t context = 0;
+    int device = -1;
+    int error = enter_context_call_locked(&context, &device);
+    if (error || !size) {
+        unlock_state();
+        return error;
+    }
+    if (copy_side_resolve_locked(&destination, size) || copy_side_resolve_locked(&source, size)) {
+        count_copy_locked(FAKE_CUDA_COPY_INVALID, size);
+        unlock_state();
+        return FAKE_CU_ERROR_INVALID_VALUE;
+    }
+    enum fake_cuda_copy_kind kind;
+    if (destination.device && source.device) {
+        kind = FAKE_CUDA_COPY_DEVICE;
+    } else if (!destination.device && !source.device) {
+        kind = FAKE_CUDA_COPY_HOST;
+    } else {
+        const struct copy_side *host = destination.device ? &source : &destination;
+        kind = host_range_kind_locked(host->address, size);
+        if (kind == FAKE_CUDA_COPY_REFUSED) {
+            count_copy_locked(kind, size);
+            log_copy_refused(host->address, size, destination.device, device, context);
+            unlock_state();
+            return FAKE_CU_ERROR_INVALID_VALUE;
+        }
+    }
+    if (kind == FAKE_CUDA_COPY_DEVICE)
+        memmove(destination.memory, source.memory, size); /* both ours, and mapped */
+    else if (copy_bytes(destination.memory, source.memory, size) != 0)
+        kind = FAKE_CUDA_COPY_INVALID;
+    count_copy_locked(kind, size);
+    unlock_state();
+    return kind == FAKE_CUDA_COPY_INVALID ? FAKE_CU_ERROR_INVALID_VALUE : FAKE_CU_SUCCESS;
+}
+
+static struct copy_side host_side(const void *pointer)
+{
+    return (struct copy_side){.address = (uintptr_t)pointer, .device = false};
+}
+
+static struct copy_side device_side(CUdeviceptr pointer)
+{
+    return (struct copy_side){.address = (uintptr_t)pointer, .device = true};
+}
+
+/* cuMemcpy: the kind of each side inferred from its address (unified
+ * addressing): fake device space is device memory, anything else host. */
+static struct copy_side inferred_side(CUdeviceptr pointer)
+{
+    return (struct copy_side){.address = (uintptr_t)pointer,
+                              .device = is_device_address((uintptr_t)pointer)};
+}
+
+FAKE_EXPORT int cuMemcpyHtoD_v2(CUdeviceptr destination, const void *source, size_t size)
+{
+    caller_object(FAKE_CU_CALL_MEMCPY_HTOD_V2, CALLER());
+    return memory_copy(device_side(destination), host_side(source), size);
+}
+
+FAKE_EXPORT int cuMemcpyDtoH_v2(void *destination, CUdeviceptr source, size_t size)
+{
+    caller_object(FAKE_CU_CALL_MEMCPY_DTOH_V2, CALLER());
+    return memory_copy(host_side(destination), device_side(source), size);
+}
+
+FAKE_EXPORT int cuMemcpyDtoD_v2(CUdeviceptr destination, CUdeviceptr source, size_t size)
+{
+    caller_object(FAKE_CU_CALL_MEMCPY_DTOD_V2, CALLER());
+    return memory_copy(device_side(destination), device_side(source), size);
+}
+
+FAKE_EXPORT int cuMemcpy(CUdeviceptr destination, CUdeviceptr source, size_t size)
+{
+    caller_object(FAKE_CU_CALL_MEMCPY, CALLER());
+    return memory_copy(inferred_side(destination), inferred_side(source), size);
+}
+
+FAKE_EXPORT int cuMemcpyHtoDAsync_v2(CUdeviceptr destination, const void *source, size_t size,
+                                     CUstream stream)
+{
+    caller_object(FAKE_CU_CALL_MEMCPY_HTOD_ASYNC_V2, CALLER());
+    (void)stream;
+    return memory_copy(device_side(destination), host_side(source), size);
+}
+
+FAKE_EXPORT int cuMemcpyDtoHAsync_v2(void *destination, CUdeviceptr source, size_t size,
+                                     CUstream stream)
+{
+    caller_object(FAKE_CU_CALL_MEMCPY_DTOH_ASYNC_V2, CALLER());
+    (void)stream;
+    return memory_copy(host_side(destination), device_side(source), size);
+}
+
+FAKE_EXPORT int cuMemcpyDtoDAsync_v2(CUdeviceptr destination, CUdeviceptr source, size_t size,
+                                     CUstream stream)
+{
+    caller_object(FAKE_CU_CALL_MEMCPY_DTOD_ASYNC_V2, CALLER());
+    (void)stream;
+    return memory_copy(device_side(destination), device_side(source), size);
+}
+
+FAKE_EXPORT int cuMemcpyAsync(CUdeviceptr destination, CUdeviceptr source, size_t size,
+                              CUstream stream)
+{
+    caller_object(FAKE_CU_CALL_MEMCPY_ASYNC, CALLER());
+    (void)stream;
+    return memory_copy(inferred_side(destination), inferred_side(source), size);
+}
+
+/* Every copy is done when it returns: nothing to wait for. Any stream handle
+ * is accepted. */
+FAKE_EXPORT int cuStreamSynchronize(CUstream stream)
+{
+    caller_object(FAKE_CU_CALL_STREAM_SYNCHRONIZE, CALLER());
+    (void)stream;
+    lock_state();
+    uint32_t context = 0;
+    int device = -1;
+    int error = enter_context_call_locked(&context, &device);
+    unlock_state();
+    return error;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The fake-only query and control API.                                     */
 
 FAKE_EXPORT size_t fake_cuda_live_count(void)
@@ -2175,6 +2554,39 @@ FAKE_EXPORT uint64_t fake_cuda_registrations_completed(void)
     uint64_t count = registrations_completed;
     unlock_state();
     return count;
+}
+
+FAKE_EXPORT uint64_t fake_cuda_copy_count(int kind)
+{
+    if (kind < 0 || kind >= FAKE_CUDA_COPY_KIND_COUNT)
+        return 0;
+    lock_state();
+    uint64_t count = copy_counts[kind];
+    unlock_state();
+    return count;
+}
+
+FAKE_EXPORT uint64_t fake_cuda_copy_bytes(int kind)
+{
+    if (kind < 0 || kind >= FAKE_CUDA_COPY_KIND_COUNT)
+        return 0;
+    lock_state();
+    uint64_t bytes = copy_byte_counts[kind];
+    unlock_state();
+    return bytes;
+}
+
+FAKE_EXPORT size_t fake_cuda_device_allocations(void)
+{
+    lock_state();
+    size_t count = device_allocation_count;
+    unlock_state();
+    return count;
+}
+
+FAKE_EXPORT int fake_cuda_is_device_pointer(unsigned long long address)
+{
+    return is_device_address((uintptr_t)address);
 }
 
 FAKE_EXPORT void fake_cuda_wake_sleepers(void)

@@ -98,6 +98,65 @@
  *  - cuMemHostGetDevicePointer_v2: the host pointer itself (unified
  *    addressing) inside a live registration made with DEVICEMAP; otherwise,
  *    or with flags, INVALID_VALUE.
+ *  - Device memory: cuMemAlloc_v2 / cuMemFree_v2 need a live current context
+ *    (201 / 709). cuMemAlloc_v2 of 0 bytes or to NULL: INVALID_VALUE
+ *    (documented); beyond 4096 live allocations, or when the backing cannot
+ *    be mapped: OUT_OF_MEMORY (2, chosen). An allocation is backed by raw
+ *    mmap memory (MAP_NORESERVE, zeroed) and known by an address in fake
+ *    device space, 0xDE00 << 48 upwards (chosen): non-canonical, so it is
+ *    never a host address and dereferencing it faults, as a device pointer
+ *    does on the host; each starts on a 2 MiB boundary with at least 2 MiB
+ *    unallocated after it, and addresses are never reused (a stale pointer
+ *    stays invalid). cuMemFree_v2 takes only the address cuMemAlloc_v2
+ *    returned, from any live context (chosen); 0, an interior, freed or
+ *    unknown address: INVALID_VALUE. Destroying a context (any of the three
+ *    ways) frees its allocations (documented for cuDevicePrimaryCtxReset:
+ *    "destroy all allocations"); so do a reset and fork (the child starts
+ *    with none).
+ *  - Copies: cuMemcpyHtoD_v2, cuMemcpyDtoH_v2, cuMemcpyDtoD_v2, cuMemcpy
+ *    and their Async forms (cuMemcpyHtoDAsync_v2, cuMemcpyDtoHAsync_v2,
+ *    cuMemcpyDtoDAsync_v2, cuMemcpyAsync). In order: the state and a live
+ *    current context (3, 4, 201, 709; not counted); 0 bytes: success, nothing
+ *    looked at (chosen); the device side(s) must lie wholly inside one live
+ *    allocation, of any context (chosen), and a host side must be non-NULL,
+ *    not wrap and not lie in device space: else INVALID_VALUE (inferred; the
+ *    real driver refuses pointers it does not know); then THE MEMCPY RULE
+ *    for the host side of a host <-> device copy:
+ *      documented (cuda.h's \note_memcpy on every cuMemcpy* and cudaMemcpy*,
+ *      in NVIDIA's CUDA Driver/Runtime API documentation): "Memory regions
+ *      requested must be either entirely registered with CUDA, or in the
+ *      case of host pageable transfers, not registered at all. Memory
+ *      regions spanning over allocations that are both registered and not
+ *      registered with CUDA are not supported and will return
+ *      CUDA_ERROR_INVALID_VALUE."
+ *      measured (H200, driver 580, cudaMemcpy and cudaMemcpyAsync, both
+ *      directions): a host range that starts in one registration and runs
+ *      into the next (two separate cuMemHostRegister calls on adjacent
+ *      pages) fails with 1; inside one registration it works (pinned); from
+ *      memory registered nowhere it works (pageable).
+ *    So [host, host + size) must lie inside ONE registration (a
+ *    cuMemHostRegister range or cuMemHostAlloc memory: PINNED) or overlap
+ *    NONE (PAGEABLE); anything else -- spanning two registrations, adjacent
+ *    or not, or mixing registered and unregistered bytes, whichever comes
+ *    first -- is REFUSED: INVALID_VALUE (1), nothing copied, a copy_refused
+ *    line in FAKE_CUDA_LOG. Registrations of every context count, and so do
+ *    ranges in flight ("registering" / "unregistering"; chosen: the real
+ *    driver serialises a copy with a registration in progress, the fake
+ *    treats the range as registered and never waits). Device to device and
+ *    host to host (cuMemcpy with two host addresses; chosen: no rule) are
+ *    plain copies. cuMemcpy / cuMemcpyAsync tell device from host by the
+ *    address (unified addressing): fake device space is device memory,
+ *    anything else host (chosen). The copy is done before the call returns,
+ *    Async or not (chosen), with the state lock held; the stream is never
+ *    looked at (any handle, NULL included, is accepted), and
+ *    cuStreamSynchronize only checks the state and context. Host memory is
+ *    read and written with process_vm_readv on the process itself (plain
+ *    memcpy where the system refuses that call, as qemu-user does): a host
+ *    range that faults (unmapped, or read-only as a destination) is
+ *    INVALID_VALUE, part of it maybe copied (chosen: the real driver would
+ *    fault in its staging copy, or DMA to the pages it pinned). Each copy
+ *    past the context check is counted by what became of it
+ *    (fake_cuda_copy_count, enum fake_cuda_copy_kind).
  *  - cuMemHostUnregister: needs a live current context (201 / 709); an
  *    unknown base: HOST_MEMORY_NOT_REGISTERED (713); a pointer inside a
  *    registration but not its base, or cuMemHostAlloc's memory:
@@ -134,8 +193,8 @@
  *    returns CUDA_ERROR_DEINITIALIZED (4), except cuDriverGetVersion,
  *    cuGetErrorName and cuGetErrorString (chosen: cuda.h lists no
  *    DEINITIALIZED for them). Registrations stay in the table, for queries.
- *  - Nothing here calls malloc; the registration table lives in raw mmap
- *    memory; per-thread state is initial-exec TLS.
+ *  - Nothing here calls malloc; the registration table and device memory
+ *    live in raw mmap memory; per-thread state is initial-exec TLS.
  *
  * Environment variables, read when the driver is loaded and again by
  * fake_cuda_reset() / fake_cuda_reload_config():
@@ -188,10 +247,13 @@
  *   ctx_destroy <pid> 0x<ctx> <device> release|reset|destroy <registrations dropped>
  *   cu_register <pid> 0x<ptr> <size> <flags> <err> <device> 0x<ctx>
  *   cu_unregister <pid> 0x<ptr> <err> <device> 0x<ctx>
+ *   copy_refused <pid> 0x<host ptr> <size> htod|dtoh <device> 0x<ctx>
  * (device -1 and ctx 0x0 when no live context was current; the creator is the
- * rest of the line). Registrations dropped with their context leave no
- * unregister line, only the count on ctx_destroy. Point the two variables at
- * different files: fake_log.c counts driver-only lines as malformed.
+ * rest of the line). copy_refused is a copy the memcpy rule refused; nothing
+ * else about copies is logged, and nothing about them in FAKE_CUDART_LOG.
+ * Registrations dropped with their context leave no unregister line, only
+ * the count on ctx_destroy. Point the two variables at different files:
+ * fake_log.c counts driver-only lines as malformed.
  */
 #ifndef FAKE_CUDA_H
 #define FAKE_CUDA_H
@@ -279,7 +341,40 @@ enum fake_cu_call {
     FAKE_CU_CALL_MEM_FREE_HOST,
     FAKE_CU_CALL_MEM_HOST_GET_DEVICE_POINTER_V2,
     FAKE_CU_CALL_DEVICE_GET_PCI_BUS_ID,
+    FAKE_CU_CALL_MEM_ALLOC_V2,
+    FAKE_CU_CALL_MEM_FREE_V2,
+    FAKE_CU_CALL_MEMCPY_HTOD_V2,
+    FAKE_CU_CALL_MEMCPY_DTOH_V2,
+    FAKE_CU_CALL_MEMCPY_DTOD_V2,
+    FAKE_CU_CALL_MEMCPY, /* cuMemcpy (unified) */
+    FAKE_CU_CALL_MEMCPY_HTOD_ASYNC_V2,
+    FAKE_CU_CALL_MEMCPY_DTOH_ASYNC_V2,
+    FAKE_CU_CALL_MEMCPY_DTOD_ASYNC_V2,
+    FAKE_CU_CALL_MEMCPY_ASYNC, /* cuMemcpyAsync (unified) */
+    FAKE_CU_CALL_STREAM_SYNCHRONIZE,
     FAKE_CU_CALL_KIND_COUNT
+};
+
+/* What became of a copy (fake_cuda_copy_count, fake_cuda_copy_bytes). Copies
+ * that fail the state or context checks (3, 4, 201, 709) and copies of 0
+ * bytes are counted nowhere. */
+enum fake_cuda_copy_kind {
+    /* host <-> device, the host range inside ONE registration: done */
+    FAKE_CUDA_COPY_PINNED,
+    /* host <-> device, the host range overlapping no registration: done */
+    FAKE_CUDA_COPY_PAGEABLE,
+    /* host <-> device, the host range spanning registrations or mixing
+     * registered and unregistered bytes: INVALID_VALUE, nothing copied */
+    FAKE_CUDA_COPY_REFUSED,
+    /* device -> device: done */
+    FAKE_CUDA_COPY_DEVICE,
+    /* host -> host through cuMemcpy / cuMemcpyAsync: done, no rule */
+    FAKE_CUDA_COPY_HOST,
+    /* INVALID_VALUE for any other reason: a device range outside every live
+     * allocation, a NULL, wrapping or device-space host range, a host range
+     * that faults */
+    FAKE_CUDA_COPY_INVALID,
+    FAKE_CUDA_COPY_KIND_COUNT
 };
 
 /* Broken invariants (same numbers and log names as enum fake_cudart_violation
@@ -330,6 +425,8 @@ struct fake_cuda_caller {
 #ifndef FAKE_CUDA_NO_CUDA_PROTOTYPES
 typedef struct CUctx_st *CUcontext;
 typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUstream_st *CUstream;
 int cuInit(unsigned int flags);
 int cuDriverGetVersion(int *driver_version);
 int cuGetErrorName(int error, const char **name);
@@ -359,6 +456,17 @@ int cuMemHostAlloc(void **pointer, size_t size, unsigned int flags);
 int cuMemFreeHost(void *pointer);
 int cuMemHostGetDevicePointer_v2(unsigned long long *device_pointer, void *pointer,
                                  unsigned int flags);
+int cuMemAlloc_v2(CUdeviceptr *device_pointer, size_t size);
+int cuMemFree_v2(CUdeviceptr device_pointer);
+int cuMemcpyHtoD_v2(CUdeviceptr destination, const void *source, size_t size);
+int cuMemcpyDtoH_v2(void *destination, CUdeviceptr source, size_t size);
+int cuMemcpyDtoD_v2(CUdeviceptr destination, CUdeviceptr source, size_t size);
+int cuMemcpy(CUdeviceptr destination, CUdeviceptr source, size_t size);
+int cuMemcpyHtoDAsync_v2(CUdeviceptr destination, const void *source, size_t size, CUstream stream);
+int cuMemcpyDtoHAsync_v2(void *destination, CUdeviceptr source, size_t size, CUstream stream);
+int cuMemcpyDtoDAsync_v2(CUdeviceptr destination, CUdeviceptr source, size_t size, CUstream stream);
+int cuMemcpyAsync(CUdeviceptr destination, CUdeviceptr source, size_t size, CUstream stream);
+int cuStreamSynchronize(CUstream stream);
 #endif
 
 /* ---- The fake-only API (exported by the driver double only). ---- */
@@ -399,6 +507,18 @@ size_t fake_cuda_registrations_in_context(const void *context);
 size_t fake_cuda_registrations_in_flight(void);
 size_t fake_cuda_unregistrations_in_flight(void);
 uint64_t fake_cuda_registrations_completed(void);
+
+/* Copies since load or the last reset (enum fake_cuda_copy_kind): how many,
+ * and how many bytes they asked to copy. 0 for an unknown kind. */
+uint64_t fake_cuda_copy_count(int kind);
+uint64_t fake_cuda_copy_bytes(int kind);
+
+/* Live device allocations (cuMemAlloc_v2), in all contexts. */
+size_t fake_cuda_device_allocations(void);
+
+/* 1 when address lies in fake device address space (whether or not an
+ * allocation holds it; cuMemcpy's inference), else 0. */
+int fake_cuda_is_device_pointer(unsigned long long address);
 
 /* Ends every latency sleep now (those that start later sleep normally). */
 void fake_cuda_wake_sleepers(void);

@@ -66,3 +66,40 @@ _Static_assert(SAME(CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED,
                    SAME(CU_MEMHOSTALLOC_DEVICEMAP, FAKE_CU_MEMHOSTALLOC_DEVICEMAP) &&
                    SAME(CU_MEMHOSTALLOC_WRITECOMBINED, FAKE_CU_MEMHOSTALLOC_WRITECOMBINED),
                "device attributes and cuMemHostAlloc flags match cuda.h");
+/* Device memory and copies: the _v2 names cuda.h maps the plain ones to. */
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemAlloc_v2),
+                                            CUresult (*)(CUdeviceptr *, size_t)),
+               "cuMemAlloc_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemFree_v2), CUresult (*)(CUdeviceptr)),
+               "cuMemFree_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemcpyHtoD_v2),
+                                            CUresult (*)(CUdeviceptr, const void *, size_t)),
+               "cuMemcpyHtoD_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemcpyDtoH_v2),
+                                            CUresult (*)(void *, CUdeviceptr, size_t)),
+               "cuMemcpyDtoH_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemcpyDtoD_v2),
+                                            CUresult (*)(CUdeviceptr, CUdeviceptr, size_t)),
+               "cuMemcpyDtoD_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemcpy),
+                                            CUresult (*)(CUdeviceptr, CUdeviceptr, size_t)),
+               "cuMemcpy");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemcpyHtoDAsync_v2),
+                                            CUresult (*)(CUdeviceptr, const void *, size_t,
+                                                         CUstream)),
+               "cuMemcpyHtoDAsync_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemcpyDtoHAsync_v2),
+                                            CUresult (*)(void *, CUdeviceptr, size_t, CUstream)),
+               "cuMemcpyDtoHAsync_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemcpyDtoDAsync_v2),
+                                            CUresult (*)(CUdeviceptr, CUdeviceptr, size_t,
+                                                         CUstream)),
+               "cuMemcpyDtoDAsync_v2");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuMemcpyAsync),
+                                            CUresult (*)(CUdeviceptr, CUdeviceptr, size_t,
+                                                         CUstream)),
+               "cuMemcpyAsync");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuStreamSynchronize),
+                                            CUresult (*)(CUstream)),
+               "cuStreamSynchronize");
+_Static_assert(sizeof(CUstream) == sizeof(void *), "CUstream is a pointer");

@@ -82,6 +82,17 @@ struct driver_api {
     int (*mem_host_get_device_pointer)(unsigned long long *, void *, unsigned);
     int (*mem_host_alloc)(void **, size_t, unsigned);
     int (*mem_free_host)(void *);
+    int (*mem_alloc)(unsigned long long *, size_t);
+    int (*mem_free)(unsigned long long);
+    int (*memcpy_htod)(unsigned long long, const void *, size_t);
+    int (*memcpy_dtoh)(void *, unsigned long long, size_t);
+    int (*memcpy_dtod)(unsigned long long, unsigned long long, size_t);
+    int (*memcpy_unified)(unsigned long long, unsigned long long, size_t);
+    int (*memcpy_htod_async)(unsigned long long, const void *, size_t, void *);
+    int (*memcpy_dtoh_async)(void *, unsigned long long, size_t, void *);
+    int (*memcpy_dtod_async)(unsigned long long, unsigned long long, size_t, void *);
+    int (*memcpy_unified_async)(unsigned long long, unsigned long long, size_t, void *);
+    int (*stream_synchronize)(void *);
     int (*primary_retain_for)(void **, int, const void *);
     size_t (*live_count)(void);
     size_t (*snapshot_live)(struct fake_cuda_range *, size_t);
@@ -92,6 +103,7 @@ struct driver_api {
     void (*reload_config)(void);
     void (*set_fail_every)(unsigned, unsigned, int);
     void (*set_check)(int);
+    uint64_t (*copy_count)(int);
 };
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -307,6 +319,17 @@ static const struct driver_api *driver_get(bool load)
         resolve(library, "cuMemHostGetDevicePointer_v2", &api.mem_host_get_device_pointer) &&
         resolve(library, "cuMemHostAlloc", &api.mem_host_alloc) &&
         resolve(library, "cuMemFreeHost", &api.mem_free_host) &&
+        resolve(library, "cuMemAlloc_v2", &api.mem_alloc) &&
+        resolve(library, "cuMemFree_v2", &api.mem_free) &&
+        resolve(library, "cuMemcpyHtoD_v2", &api.memcpy_htod) &&
+        resolve(library, "cuMemcpyDtoH_v2", &api.memcpy_dtoh) &&
+        resolve(library, "cuMemcpyDtoD_v2", &api.memcpy_dtod) &&
+        resolve(library, "cuMemcpy", &api.memcpy_unified) &&
+        resolve(library, "cuMemcpyHtoDAsync_v2", &api.memcpy_htod_async) &&
+        resolve(library, "cuMemcpyDtoHAsync_v2", &api.memcpy_dtoh_async) &&
+        resolve(library, "cuMemcpyDtoDAsync_v2", &api.memcpy_dtod_async) &&
+        resolve(library, "cuMemcpyAsync", &api.memcpy_unified_async) &&
+        resolve(library, "cuStreamSynchronize", &api.stream_synchronize) &&
         resolve(library, "fake_cuda_internal_primary_ctx_retain", &api.primary_retain_for) &&
         resolve(library, "fake_cuda_live_count", &api.live_count) &&
         resolve(library, "fake_cuda_snapshot_live", &api.snapshot_live) &&
@@ -315,7 +338,8 @@ static const struct driver_api *driver_get(bool load)
         resolve(library, "fake_cuda_violation_count_of", &api.violation_count_of) &&
         resolve(library, "fake_cuda_reload_config", &api.reload_config) &&
         resolve(library, "fake_cuda_set_fail_every", &api.set_fail_every) &&
-        resolve(library, "fake_cuda_set_check", &api.set_check);
+        resolve(library, "fake_cuda_set_check", &api.set_check) &&
+        resolve(library, "fake_cuda_copy_count", &api.copy_count);
     if (!complete) {
         dlclose(library);
         return NULL;
@@ -579,8 +603,9 @@ FAKE_EXPORT_EXTRA int cudaGetDevice(int *device)
     return finish_call(error);
 }
 
-/* cudaFree(NULL) is the usual way to initialise; device memory is not
- * modelled, so any other pointer is cudaErrorInvalidValue. */
+/* cudaFree(NULL) is the usual way to initialise (no operation, documented);
+ * any other pointer is the driver's cuMemFree_v2 (not cudaMalloc's base:
+ * cudaErrorInvalidValue). */
 FAKE_EXPORT_EXTRA int cudaFree(void *device_pointer)
 {
     const void *caller = CALLER();
@@ -590,7 +615,100 @@ FAKE_EXPORT_EXTRA int cudaFree(void *device_pointer)
     if (!error)
         error = ensure_context(api, caller);
     if (!error && device_pointer)
+        error = runtime_error_of(api->mem_free((unsigned long long)(uintptr_t)device_pointer));
+    return finish_call(error);
+}
+
+/* cuMemAlloc_v2 in the thread's context. Size 0: success and NULL without
+ * asking the driver (whose cuMemAlloc refuses 0). */
+FAKE_EXPORT_EXTRA int cudaMalloc(void **device_pointer, size_t size)
+{
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_MALLOC);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    if (!error && !device_pointer)
         error = FAKE_CUDA_ERROR_INVALID_VALUE;
+    unsigned long long address = 0;
+    if (!error && size)
+        error = runtime_error_of(api->mem_alloc(&address, size));
+    if (!error)
+        *device_pointer = (void *)(uintptr_t)address;
+    return finish_call(error);
+}
+
+/* cudaMemcpy / cudaMemcpyAsync: a direction beyond Default is
+ * cudaErrorInvalidMemcpyDirection; HostToHost is the runtime's own memcpy
+ * (no rule, no driver); the others are the driver's copies (HtoD, DtoH,
+ * DtoD; Default: cuMemcpy, which infers each side from its address), whose
+ * errors keep their numbers (the memcpy rule's INVALID_VALUE is 1). */
+static int runtime_copy(void *destination, const void *source, size_t count, int kind, bool async,
+                        void *stream, const void *caller)
+{
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    if (!error && (kind < FAKE_CUDA_MEMCPY_HOST_TO_HOST || kind > FAKE_CUDA_MEMCPY_DEFAULT))
+        error = FAKE_CUDA_ERROR_INVALID_MEMCPY_DIRECTION;
+    if (error)
+        return finish_call(error);
+    unsigned long long to = (uintptr_t)destination, from = (uintptr_t)source;
+    switch (kind) {
+    case FAKE_CUDA_MEMCPY_HOST_TO_HOST:
+        if (count && (!destination || !source))
+            error = FAKE_CUDA_ERROR_INVALID_VALUE;
+        else if (count)
+            memmove(destination, source, count);
+        break;
+    case FAKE_CUDA_MEMCPY_HOST_TO_DEVICE:
+        error = async ? api->memcpy_htod_async(to, source, count, stream)
+                      : api->memcpy_htod(to, source, count);
+        break;
+    case FAKE_CUDA_MEMCPY_DEVICE_TO_HOST:
+        error = async ? api->memcpy_dtoh_async(destination, from, count, stream)
+                      : api->memcpy_dtoh(destination, from, count);
+        break;
+    case FAKE_CUDA_MEMCPY_DEVICE_TO_DEVICE:
+        error = async ? api->memcpy_dtod_async(to, from, count, stream)
+                      : api->memcpy_dtod(to, from, count);
+        break;
+    default:
+        error = async ? api->memcpy_unified_async(to, from, count, stream)
+                      : api->memcpy_unified(to, from, count);
+        break;
+    }
+    return finish_call(runtime_error_of(error));
+}
+
+FAKE_EXPORT_EXTRA int cudaMemcpy(void *destination, const void *source, size_t count, int kind)
+{
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_MEMCPY);
+    return runtime_copy(destination, source, count, kind, false, NULL, caller);
+}
+
+FAKE_EXPORT_EXTRA int cudaMemcpyAsync(void *destination, const void *source, size_t count, int kind,
+                                      void *stream)
+{
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_MEMCPY_ASYNC);
+    return runtime_copy(destination, source, count, kind, true, stream, caller);
+}
+
+/* The driver's cuStreamSynchronize (every copy is done when it returns). */
+FAKE_EXPORT_EXTRA int cudaStreamSynchronize(void *stream)
+{
+    const void *caller = CALLER();
+    count_call(FAKE_CALL_STREAM_SYNCHRONIZE);
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    if (!error)
+        error = runtime_error_of(api->stream_synchronize(stream));
     return finish_call(error);
 }
 
@@ -724,6 +842,8 @@ static const struct error_description error_descriptions[] = {
     {FAKE_CUDA_ERROR_MEMORY_ALLOCATION, "cudaErrorMemoryAllocation", "out of memory"},
     {FAKE_CUDA_ERROR_INITIALIZATION, "cudaErrorInitializationError", "initialization error"},
     {FAKE_CUDA_ERROR_CUDART_UNLOADING, "cudaErrorCudartUnloading", "driver shutting down"},
+    {FAKE_CUDA_ERROR_INVALID_MEMCPY_DIRECTION, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
     {FAKE_CUDA_ERROR_STUB_LIBRARY, "cudaErrorStubLibrary", "CUDA driver is a stub library"},
     {FAKE_CUDA_ERROR_INSUFFICIENT_DRIVER, "cudaErrorInsufficientDriver",
      "CUDA driver version is insufficient for CUDA runtime version"},
@@ -787,6 +907,12 @@ FAKE_EXPORT_EXTRA size_t fake_cudart_violation_count_of(enum fake_cudart_violati
 {
     const struct driver_api *api = driver_get(false);
     return api ? api->violation_count_of((int)kind) : 0;
+}
+
+FAKE_EXPORT_EXTRA uint64_t fake_cudart_copy_count(int kind)
+{
+    const struct driver_api *api = driver_get(false);
+    return api ? api->copy_count(kind) : 0;
 }
 
 FAKE_EXPORT_EXTRA uint64_t fake_cudart_call_count(int which)

@@ -16,6 +16,7 @@
  *    and cudaGetErrorName/String need no driver.
  *  - Per thread, a selected device (0 until cudaSetDevice). Every call that
  *    needs a context (cudaHostRegister, cudaHostUnregister, cudaFree,
+ *    cudaMalloc, cudaMemcpy, cudaMemcpyAsync, cudaStreamSynchronize,
  *    cudaPointerGetAttributes, cudaDeviceSynchronize) uses the context current
  *    on the thread in the driver, if any; else it retains the primary context
  *    of the thread's device -- which CREATES it when inactive, attributed to
@@ -46,6 +47,26 @@
  *    cuMemHostGetDevicePointer_v2, cuMemHostAlloc (cudaHostAllocDefault and
  *    cudaMallocHost: PORTABLE|DEVICEMAP, as on every UVA system) and
  *    cuMemFreeHost, in the thread's context.
+ *  - Device memory and copies are the driver's (fake_cuda.h), in the
+ *    thread's context. cudaMalloc is cuMemAlloc_v2 (size 0: cudaSuccess and
+ *    NULL without asking the driver, chosen; NULL: cudaErrorInvalidValue);
+ *    cudaFree(NULL) does nothing but initialise (documented: "If devPtr is
+ *    0, no operation is performed"), any other pointer is cuMemFree_v2 (1
+ *    unless cudaMalloc returned it). cudaMemcpy(dst, src, count, kind) and
+ *    cudaMemcpyAsync(..., stream): a kind beyond 4 is
+ *    cudaErrorInvalidMemcpyDirection (21, documented); HostToHost (0) is the
+ *    runtime's own memmove, never the driver's, with no memcpy rule (chosen;
+ *    NULL with a count: 1); HostToDevice (1), DeviceToHost (2) and
+ *    DeviceToDevice (3) are cuMemcpyHtoD_v2, cuMemcpyDtoH_v2, cuMemcpyDtoD_v2
+ *    (their Async_v2 forms with the stream, which is never looked at);
+ *    Default (4) is cuMemcpy / cuMemcpyAsync, which infer each side from its
+ *    address. So the memcpy rule is the driver's (documented and measured,
+ *    see fake_cuda.h): a host range that spans two registrations (adjacent
+ *    or not) or mixes registered and unregistered bytes fails with
+ *    cudaErrorInvalidValue (1) and copies nothing; measured on an H200
+ *    (driver 580) for cudaMemcpy and cudaMemcpyAsync in both directions.
+ *    Copies are done when the call returns; cudaStreamSynchronize is
+ *    cuStreamSynchronize. No copy writes a FAKE_CUDART_LOG line.
  *  - cudaGetDeviceCount initialises the driver and reports its count (0 and
  *    cudaErrorNoDevice with no device). cudaPointerGetAttributes reports type 1
  *    (cudaMemoryTypeHost) inside a live registration of any context, else 0.
@@ -115,6 +136,7 @@ enum fake_cudart_error {
     FAKE_CUDA_ERROR_MEMORY_ALLOCATION = 2,
     FAKE_CUDA_ERROR_INITIALIZATION = 3,
     FAKE_CUDA_ERROR_CUDART_UNLOADING = 4,
+    FAKE_CUDA_ERROR_INVALID_MEMCPY_DIRECTION = 21,
     FAKE_CUDA_ERROR_STUB_LIBRARY = 34,
     FAKE_CUDA_ERROR_INSUFFICIENT_DRIVER = 35,
     FAKE_CUDA_ERROR_NO_DEVICE = 100,
@@ -147,7 +169,20 @@ enum fake_cudart_call {
     FAKE_CALL_HOST_GET_DEVICE_POINTER,
     FAKE_CALL_HOST_ALLOC, /* cudaHostAlloc and cudaMallocHost */
     FAKE_CALL_FREE_HOST,
+    FAKE_CALL_MALLOC,
+    FAKE_CALL_MEMCPY,
+    FAKE_CALL_MEMCPY_ASYNC,
+    FAKE_CALL_STREAM_SYNCHRONIZE,
     FAKE_CALL_KIND_COUNT
+};
+
+/* cudaMemcpyKind (the real enum's numbers). */
+enum fake_cuda_memcpy_kind {
+    FAKE_CUDA_MEMCPY_HOST_TO_HOST = 0,
+    FAKE_CUDA_MEMCPY_HOST_TO_DEVICE = 1,
+    FAKE_CUDA_MEMCPY_DEVICE_TO_HOST = 2,
+    FAKE_CUDA_MEMCPY_DEVICE_TO_DEVICE = 3,
+    FAKE_CUDA_MEMCPY_DEFAULT = 4,
 };
 
 /* Broken invariants the double records (they never change a return value).
@@ -193,6 +228,10 @@ int cudaHostGetDevicePointer(void **device_pointer, void *host_pointer, unsigned
 int cudaHostAlloc(void **pointer, size_t size, unsigned int flags);
 int cudaMallocHost(void **pointer, size_t size);
 int cudaFreeHost(void *pointer);
+int cudaMalloc(void **device_pointer, size_t size);
+int cudaMemcpy(void *destination, const void *source, size_t count, int kind);
+int cudaMemcpyAsync(void *destination, const void *source, size_t count, int kind, void *stream);
+int cudaStreamSynchronize(void *stream);
 #endif
 
 /* Number of live registrations (in the driver's table, all contexts; 0 while
@@ -206,6 +245,10 @@ size_t fake_cudart_snapshot(struct fake_cudart_range *out, size_t max);
 /* Violations recorded since load or the last reset: all of them, or one kind. */
 size_t fake_cudart_violation_count(void);
 size_t fake_cudart_violation_count_of(enum fake_cudart_violation kind);
+
+/* The driver's fake_cuda_copy_count (enum fake_cuda_copy_kind of fake_cuda.h):
+ * 0 while the driver is not loaded. */
+uint64_t fake_cudart_copy_count(int kind);
 
 /* Calls made to one entry point since load or the last reset. */
 uint64_t fake_cudart_call_count(int which);
