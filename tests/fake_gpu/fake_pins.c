@@ -35,6 +35,7 @@ static uint64_t last_id;
 static uint64_t epoch;
 static uint64_t register_calls_counted, unregister_calls_counted;
 static size_t violations[FAKE_GPU_VIOLATION_KIND_COUNT];
+static uint64_t copies[FAKE_GPU_COPY_OUTCOME_COUNT], copy_bytes[FAKE_GPU_COPY_OUTCOME_COUNT];
 
 static const char *const violation_names[FAKE_GPU_VIOLATION_KIND_COUNT] = {
     "register_unmapped",     "register_not_locked", "page_shared",   "unregister_unmapped",
@@ -346,6 +347,64 @@ void fake_pins_count_call(int kind, const void *caller)
     pthread_mutex_unlock(&callers_lock);
 }
 
+/* ---- copies and device memory ---- */
+
+void fake_pins_count_copy(enum fake_gpu_copy_outcome outcome, size_t bytes)
+{
+    copies[outcome]++;
+    copy_bytes[outcome] += bytes;
+}
+
+static struct fake_device_block device_blocks[FAKE_DEVICE_CAPACITY];
+static uintptr_t next_device_address = (uintptr_t)0x7e0000000000ull << 8; /* non-canonical */
+
+static size_t device_span(size_t size)
+{
+    return (size + page_size - 1) & ~(size_t)(page_size - 1);
+}
+
+uintptr_t fake_device_alloc(size_t size)
+{
+    if (size == 0 || size > ((size_t)1 << 46))
+        return 0;
+    for (size_t i = 0; i < FAKE_DEVICE_CAPACITY; i++) {
+        if (device_blocks[i].base != 0)
+            continue;
+        void *memory = (void *)syscall(SYS_mmap, NULL, device_span(size), PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (memory == MAP_FAILED)
+            return 0;
+        device_blocks[i] = (struct fake_device_block){next_device_address, size, memory};
+        next_device_address += device_span(size);
+        return device_blocks[i].base;
+    }
+    return 0;
+}
+
+bool fake_device_free(uintptr_t base)
+{
+    for (size_t i = 0; i < FAKE_DEVICE_CAPACITY; i++) {
+        if (base == 0 || device_blocks[i].base != base)
+            continue;
+        syscall(SYS_munmap, device_blocks[i].backing, device_span(device_blocks[i].size));
+        device_blocks[i] = (struct fake_device_block){0, 0, NULL};
+        return true;
+    }
+    return false;
+}
+
+bool fake_device_find(uintptr_t address, struct fake_device_block *block)
+{
+    for (size_t i = 0; i < FAKE_DEVICE_CAPACITY; i++) {
+        if (device_blocks[i].base != 0 && address >= device_blocks[i].base &&
+            address - device_blocks[i].base < device_blocks[i].size) {
+            *block = device_blocks[i];
+            return true;
+        }
+    }
+    return false;
+}
+
 /* ---- log ---- */
 
 void fake_pins_log_register(uintptr_t base, size_t size, unsigned flags, int error)
@@ -445,12 +504,34 @@ FAKE_EXPORT void fake_gpu_reset(void)
     epoch++;
     register_calls_counted = unregister_calls_counted = 0;
     memset(violations, 0, sizeof(violations));
+    memset(copies, 0, sizeof(copies));
+    memset(copy_bytes, 0, sizeof(copy_bytes));
     fake_pins_unlock();
     pthread_mutex_lock(&callers_lock);
     memset(objects, 0, sizeof(objects));
     memset(calls_total, 0, sizeof(calls_total));
     object_count = 0;
     pthread_mutex_unlock(&callers_lock);
+}
+
+FAKE_EXPORT uint64_t fake_gpu_copy_count(int outcome)
+{
+    if (outcome < 0 || outcome >= FAKE_GPU_COPY_OUTCOME_COUNT)
+        return 0;
+    fake_pins_lock();
+    uint64_t count = copies[outcome];
+    fake_pins_unlock();
+    return count;
+}
+
+FAKE_EXPORT uint64_t fake_gpu_copy_bytes(int outcome)
+{
+    if (outcome < 0 || outcome >= FAKE_GPU_COPY_OUTCOME_COUNT)
+        return 0;
+    fake_pins_lock();
+    uint64_t bytes = copy_bytes[outcome];
+    fake_pins_unlock();
+    return bytes;
 }
 
 FAKE_EXPORT void fake_gpu_set_fail_every(unsigned reg, unsigned unreg, int error)

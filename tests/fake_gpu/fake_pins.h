@@ -19,7 +19,13 @@
  *   FAKE_GPU_CHECK=0                  skip the invariant checks
  *   FAKE_GPU_LOG=path                 register/unregister/violation lines in the
  *                                     format of FAKE_CUDART_LOG (fake_cudart.h),
- *                                     which tests/support/fake_log.c reads */
+ *                                     which tests/support/fake_log.c reads
+ *
+ * Copies (hipMemcpy(Async), zeCommandListAppendMemoryCopy): each vendor's
+ * double decides by its vendor's rule (fake_hip.h, fake_ze.h) whether each
+ * host end of a copy goes through a registration (an import) or is staged,
+ * moves the bytes (device memory below has real backing), and counts the
+ * copy here by outcome (enum fake_gpu_copy_outcome, fake_gpu_copy_count). */
 #ifndef FAKE_PINS_H
 #define FAKE_PINS_H
 
@@ -57,6 +63,26 @@ enum fake_gpu_violation {
      * zeInit). */
     FAKE_GPU_VIOLATION_TOO_EARLY, /* "too_early" */
     FAKE_GPU_VIOLATION_KIND_COUNT
+};
+
+/* What became of a copy call, as fake_gpu_copy_count counts it. A copy of
+ * 0 bytes that succeeds, and HIP's copy of an address onto itself with
+ * hipMemcpyDefault, move nothing and count nowhere. */
+enum fake_gpu_copy_outcome {
+    /* Every end in host memory went through a registration (HIP) or an
+     * import (Level Zero) that holds the whole range: the pinned path. */
+    FAKE_GPU_COPY_PINNED,
+    /* At least one end in host memory is pageable for the vendor (in no
+     * registration or import, or leaving it where the vendor then stages):
+     * staged or pinned for the copy only, never refused for that. */
+    FAKE_GPU_COPY_STAGED,
+    /* The call answered an error; nothing moved. */
+    FAKE_GPU_COPY_REFUSED,
+    /* Host to host by the CPU, no device involved (HIP: neither end known). */
+    FAKE_GPU_COPY_HOST,
+    /* Device memory to device memory. */
+    FAKE_GPU_COPY_DEVICE,
+    FAKE_GPU_COPY_OUTCOME_COUNT
 };
 
 struct fake_gpu_range {
@@ -142,6 +168,28 @@ void fake_pins_count_call(int kind, const void *caller);
 /* An invariant broken or a vendor's trap walked into (lock held). */
 void fake_pins_violation(enum fake_gpu_violation kind, uintptr_t base, size_t size);
 
+/* Counts a copy call by its outcome, bytes the size it asked for (lock held). */
+void fake_pins_count_copy(enum fake_gpu_copy_outcome outcome, size_t bytes);
+
+/* Device memory, for the copies: blocks with backing from a raw mmap system
+ * call, at addresses that no host mapping has (non-canonical, above 2^48),
+ * handed out upwards without gaps, so a range can run from one block into
+ * the next. The table wants the state lock held, like the one above. */
+#define FAKE_DEVICE_CAPACITY 256
+struct fake_device_block {
+    uintptr_t base;
+    size_t size;            /* as asked: the block's end for lookups */
+    unsigned char *backing; /* size bytes (rounded up to pages), 0-filled */
+};
+/* A new block of size bytes (size > 0); its base, or 0 when the table is
+ * full or the mapping failed. */
+uintptr_t fake_device_alloc(size_t size);
+/* Frees the block at base (its base only): false when there is none. */
+bool fake_device_free(uintptr_t base);
+/* The block holding address (base <= address < base + size): true and
+ * *block; false when none. */
+bool fake_device_find(uintptr_t address, struct fake_device_block *block);
+
 /* Log lines (FAKE_GPU_LOG). */
 void fake_pins_log_register(uintptr_t base, size_t size, unsigned flags, int error);
 void fake_pins_log_unregister(uintptr_t base, int error);
@@ -155,6 +203,10 @@ void fake_pins_log_unregister(uintptr_t base, int error);
  *   void fake_gpu_reset(void)               forgets registrations, counts, violations
  *   void fake_gpu_set_fail_every(unsigned reg, unsigned unreg, int error)
  *   void fake_gpu_set_check(int on)
- * The call kinds are the vendor's (fake_hip.h, fake_ze.h). */
+ *   uint64_t fake_gpu_copy_count(int outcome)   copy calls with that
+ *                                  enum fake_gpu_copy_outcome (0 out of range)
+ *   uint64_t fake_gpu_copy_bytes(int outcome)   the bytes those calls asked for
+ * The call kinds are the vendor's (fake_hip.h, fake_ze.h). fake_gpu_reset
+ * zeroes the copy counts too; device memory stays. */
 
 #endif

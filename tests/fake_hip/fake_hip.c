@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { MAX_DEVICE_ALLOCATIONS = 256 };
+enum { MAX_STREAMS = 64, MEMCPY_DEVICE_TO_DEVICE_NO_CU = 1024 };
 
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 static int version_major = 6, version_minor = 2;
@@ -27,12 +27,10 @@ static bool started;
 static _Thread_local hipError_t last_error __attribute__((tls_model("initial-exec")));
 static _Thread_local int current_device __attribute__((tls_model("initial-exec")));
 
-static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-    uintptr_t base;
-    size_t size;
-} device_allocations[MAX_DEVICE_ALLOCATIONS];
-static uintptr_t next_device_address = (uintptr_t)0x7e0000000000ull << 8; /* non-canonical */
+/* Streams from hipStreamCreate: the handle is the address of a slot. */
+static pthread_mutex_t stream_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool stream_used[MAX_STREAMS];
+static char stream_objects[MAX_STREAMS];
 
 static void load_config(void)
 {
@@ -80,15 +78,13 @@ static hipError_t finish(hipError_t result)
     return result;
 }
 
-static bool is_device_address(uintptr_t address, bool *found)
+static bool is_device_address(uintptr_t address)
 {
-    pthread_mutex_lock(&device_lock);
-    *found = false;
-    for (size_t i = 0; i < MAX_DEVICE_ALLOCATIONS && !*found; i++)
-        *found = device_allocations[i].size != 0 && address >= device_allocations[i].base &&
-                 address - device_allocations[i].base < device_allocations[i].size;
-    pthread_mutex_unlock(&device_lock);
-    return *found;
+    struct fake_device_block block;
+    fake_pins_lock();
+    bool found = fake_device_find(address, &block);
+    fake_pins_unlock();
+    return found;
 }
 
 FAKE_EXPORT hipError_t hipInit(unsigned int flags)
@@ -160,20 +156,17 @@ FAKE_EXPORT hipError_t hipMalloc(void **pointer, size_t size)
         error = hipErrorInvalidValue;
     if (error != hipSuccess)
         return finish(error);
-    pthread_mutex_lock(&device_lock);
-    error = hipErrorOutOfMemory;
-    for (size_t i = 0; i < MAX_DEVICE_ALLOCATIONS && error != hipSuccess; i++) {
-        if (device_allocations[i].size != 0)
-            continue;
-        size_t rounded = (size + 4095) & ~(size_t)4095;
-        device_allocations[i].base = next_device_address;
-        device_allocations[i].size = rounded ? rounded : 4096;
-        next_device_address += device_allocations[i].size;
-        *pointer = (void *)device_allocations[i].base;
-        error = hipSuccess;
+    if (size == 0) { /* ihipMalloc */
+        *pointer = NULL;
+        return finish(hipSuccess);
     }
-    pthread_mutex_unlock(&device_lock);
-    return finish(error);
+    fake_pins_lock();
+    uintptr_t base = fake_device_alloc(size);
+    fake_pins_unlock();
+    if (base == 0)
+        return finish(hipErrorOutOfMemory);
+    *pointer = (void *)base;
+    return finish(hipSuccess);
 }
 
 FAKE_EXPORT hipError_t hipFree(void *pointer)
@@ -181,14 +174,9 @@ FAKE_EXPORT hipError_t hipFree(void *pointer)
     hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
     if (error != hipSuccess || pointer == NULL)
         return finish(error);
-    pthread_mutex_lock(&device_lock);
-    error = hipErrorInvalidValue;
-    for (size_t i = 0; i < MAX_DEVICE_ALLOCATIONS; i++)
-        if (device_allocations[i].size != 0 && device_allocations[i].base == (uintptr_t)pointer) {
-            device_allocations[i].size = 0;
-            error = hipSuccess;
-        }
-    pthread_mutex_unlock(&device_lock);
+    fake_pins_lock();
+    error = fake_device_free((uintptr_t)pointer) ? hipSuccess : hipErrorInvalidValue;
+    fake_pins_unlock();
     return finish(error);
 }
 
@@ -297,7 +285,6 @@ FAKE_EXPORT hipError_t hipPointerGetAttributes(hipPointerAttribute_t *attributes
     bool registered = at >= 0 && fake_pins_at(at)->state != FAKE_PINS_REGISTERING;
     unsigned flags = registered ? fake_pins_at(at)->flags : 0;
     fake_pins_unlock();
-    bool device = false;
     if (registered) {
         /* hipMemoryTypeHost: 0 in ROCm 5 (memoryType), 1 from 6 (type). */
         attributes->memoryType = (enum hipMemoryType)(modern ? 1 : 0);
@@ -305,7 +292,7 @@ FAKE_EXPORT hipError_t hipPointerGetAttributes(hipPointerAttribute_t *attributes
         attributes->devicePointer = (void *)ptr;
         attributes->allocationFlags = flags;
         attributes->device = current_device;
-    } else if (ptr != NULL && is_device_address(address, &device)) {
+    } else if (ptr != NULL && is_device_address(address)) {
         attributes->memoryType = (enum hipMemoryType)(modern ? 2 : 1);
         attributes->devicePointer = (void *)ptr;
         attributes->device = current_device;
@@ -316,6 +303,170 @@ FAKE_EXPORT hipError_t hipPointerGetAttributes(hipPointerAttribute_t *attributes
         error = hipErrorInvalidValue;
     }
     return finish(error);
+}
+
+/* ---- streams (hip_stream.cpp) ---- */
+
+/* hip::isValid: NULL and hipStreamPerThread always, else a live stream. */
+static bool stream_valid(hipStream_t stream)
+{
+    if (stream == NULL || stream == hipStreamPerThread)
+        return true;
+    bool valid = false;
+    pthread_mutex_lock(&stream_lock);
+    for (size_t i = 0; i < MAX_STREAMS && !valid; i++)
+        valid = stream_used[i] && (void *)stream == (void *)&stream_objects[i];
+    pthread_mutex_unlock(&stream_lock);
+    return valid;
+}
+
+FAKE_EXPORT hipError_t hipStreamCreate(hipStream_t *stream)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess && stream == NULL)
+        error = hipErrorInvalidValue;
+    if (error != hipSuccess)
+        return finish(error);
+    error = hipErrorOutOfMemory; /* the double's limit: MAX_STREAMS live streams */
+    pthread_mutex_lock(&stream_lock);
+    for (size_t i = 0; i < MAX_STREAMS && error != hipSuccess; i++) {
+        if (stream_used[i])
+            continue;
+        stream_used[i] = true;
+        *stream = (hipStream_t)(void *)&stream_objects[i];
+        error = hipSuccess;
+    }
+    pthread_mutex_unlock(&stream_lock);
+    return finish(error);
+}
+
+FAKE_EXPORT hipError_t hipStreamDestroy(hipStream_t stream)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error != hipSuccess)
+        return finish(error);
+    if (stream == NULL)
+        return finish(hipErrorInvalidHandle);
+    if (stream == hipStreamPerThread)
+        return finish(hipErrorInvalidResourceHandle);
+    if (!stream_valid(stream))
+        return finish(hipErrorContextIsDestroyed);
+    pthread_mutex_lock(&stream_lock);
+    for (size_t i = 0; i < MAX_STREAMS; i++)
+        if ((void *)stream == (void *)&stream_objects[i])
+            stream_used[i] = false;
+    pthread_mutex_unlock(&stream_lock);
+    return finish(hipSuccess);
+}
+
+/* Every copy is done before its call returns: nothing to wait for. */
+FAKE_EXPORT hipError_t hipStreamSynchronize(hipStream_t stream)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess && !stream_valid(stream))
+        error = hipErrorContextIsDestroyed;
+    return finish(error);
+}
+
+/* ---- copies (hip_memory.cpp: ihipMemcpy, ihipMemcpy_validate) ---- */
+
+/* What getMemoryObject finds at an address: a registration or a hipMalloc
+ * block holding it (the one with the greatest base at or below: FindMemObj),
+ * or nothing (pageable host memory: no arena object without HMM). */
+struct copy_end {
+    enum { END_PAGEABLE, END_REGISTERED, END_DEVICE } kind;
+    size_t remaining;     /* getSize() - offset */
+    unsigned char *bytes; /* where the double reads or writes them */
+};
+
+static struct copy_end copy_end_at(const void *pointer)
+{
+    uintptr_t address = (uintptr_t)pointer;
+    struct fake_device_block block;
+    if (fake_device_find(address, &block))
+        return (struct copy_end){END_DEVICE, block.size - (address - block.base),
+                                 block.backing + (address - block.base)};
+    long at = fake_pins_containing(address);
+    if (at >= 0 && fake_pins_at(at)->state != FAKE_PINS_REGISTERING) {
+        struct fake_pins_entry *entry = fake_pins_at(at);
+        return (struct copy_end){END_REGISTERED, entry->size - (address - entry->base),
+                                 (unsigned char *)pointer};
+    }
+    return (struct copy_end){END_PAGEABLE, 0, (unsigned char *)pointer};
+}
+
+/* ihipMemcpy from the validation on, for the version modelled (fake_hip.h);
+ * counts the copy. */
+static hipError_t copy(void *dst, const void *src, size_t size, hipMemcpyKind kind)
+{
+    if (size == 0)
+        return hipSuccess; /* "Skip if nothing needs writing", before any check */
+    hipError_t error = hipSuccess;
+    unsigned kind_value = (unsigned)kind;
+    if (dst == NULL || src == NULL)
+        error = hipErrorInvalidValue;
+    else if (version_at_least(6, 1) && kind_value > hipMemcpyDefault &&
+             kind_value != MEMCPY_DEVICE_TO_DEVICE_NO_CU)
+        error = hipErrorInvalidMemcpyDirection;
+    fake_pins_lock();
+    if (error != hipSuccess) {
+        fake_pins_count_copy(FAKE_GPU_COPY_REFUSED, size);
+        fake_pins_unlock();
+        return error;
+    }
+    struct copy_end from = copy_end_at(src), to = copy_end_at(dst);
+    bool host_only = from.kind == END_PAGEABLE && to.kind == END_PAGEABLE;
+    if ((from.kind != END_PAGEABLE && size > from.remaining) ||
+        (to.kind != END_PAGEABLE && size > to.remaining))
+        error = hipErrorInvalidValue; /* the range leaves what its start is in */
+    else if (host_only && kind_value != hipMemcpyHostToHost && kind_value != hipMemcpyDefault)
+        error = hipErrorInvalidValue; /* IsHtoHMemcpyValid (XNACK off) */
+    if (error != hipSuccess) {
+        fake_pins_count_copy(FAKE_GPU_COPY_REFUSED, size);
+    } else if (src == dst && kind_value == hipMemcpyDefault && version_at_least(5, 3)) {
+        /* the early return: nothing moves, nothing counted */
+    } else {
+        memmove(to.bytes, from.bytes, size);
+        enum fake_gpu_copy_outcome outcome = FAKE_GPU_COPY_PINNED;
+        if (host_only)
+            outcome = FAKE_GPU_COPY_HOST;
+        else if (from.kind == END_PAGEABLE || to.kind == END_PAGEABLE)
+            outcome = FAKE_GPU_COPY_STAGED;
+        else if (from.kind == END_DEVICE && to.kind == END_DEVICE)
+            outcome = FAKE_GPU_COPY_DEVICE;
+        fake_pins_count_copy(outcome, size);
+    }
+    fake_pins_unlock();
+    return error;
+}
+
+FAKE_EXPORT hipError_t hipMemcpy(void *dst, const void *src, size_t sizeBytes, hipMemcpyKind kind)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_MEMCPY, FAKE_CALLER());
+    if (error != hipSuccess)
+        return finish(error);
+    return finish(copy(dst, src, sizeBytes, kind));
+}
+
+/* hipMemcpyAsync_common: the direction (from 6.1), the stream, then
+ * ihipMemcpy as hipMemcpy's; done before it returns, as the double does all. */
+FAKE_EXPORT hipError_t hipMemcpyAsync(void *dst, const void *src, size_t sizeBytes,
+                                      hipMemcpyKind kind, hipStream_t stream)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_MEMCPY, FAKE_CALLER());
+    unsigned kind_value = (unsigned)kind;
+    if (error == hipSuccess && version_at_least(6, 1) && kind_value > hipMemcpyDefault &&
+        kind_value != MEMCPY_DEVICE_TO_DEVICE_NO_CU)
+        error = hipErrorInvalidMemcpyDirection;
+    else if (error == hipSuccess && !stream_valid(stream))
+        error = hipErrorContextIsDestroyed;
+    if (error != hipSuccess) {
+        fake_pins_lock();
+        fake_pins_count_copy(FAKE_GPU_COPY_REFUSED, sizeBytes);
+        fake_pins_unlock();
+        return finish(error);
+    }
+    return finish(copy(dst, src, sizeBytes, kind));
 }
 
 FAKE_EXPORT hipError_t hipGetLastError(void)
@@ -353,6 +504,12 @@ static const char *name_of(hipError_t error)
         return "hipErrorHostMemoryAlreadyRegistered";
     case hipErrorHostMemoryNotRegistered:
         return "hipErrorHostMemoryNotRegistered";
+    case hipErrorInvalidMemcpyDirection:
+        return "hipErrorInvalidMemcpyDirection";
+    case hipErrorInvalidHandle:
+        return "hipErrorInvalidHandle";
+    case hipErrorContextIsDestroyed:
+        return "hipErrorContextIsDestroyed";
     default:
         return "hipErrorUnknown";
     }

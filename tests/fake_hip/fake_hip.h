@@ -50,8 +50,48 @@
  *    and device -2 from 6 (a NULL ptr: 1 in 5 and 6, success in 7).
  *  - Devices: FAKE_HIP_DEVICES (default 1); hipSetDevice of a bad ordinal:
  *    hipErrorInvalidDevice (101); a thread's device is 0 until it sets one.
- *  - hipMalloc hands out addresses that no host mapping has (non-canonical),
- *    recorded for hipPointerGetAttributes; hipFree forgets them.
+ *  - hipMalloc(ptr, 0) gives NULL and success (ihipMalloc); other sizes get
+ *    addresses that no host mapping has (non-canonical), with backing from a
+ *    raw mmap (fake_pins.h's device blocks), recorded for
+ *    hipPointerGetAttributes and the copies; hipFree forgets them (given the
+ *    base; else hipErrorInvalidValue).
+ *  - Copies: hipMemcpy(dst, src, size, kind) and hipMemcpyAsync(dst, src,
+ *    size, kind, stream), as ihipMemcpy and ihipMemcpy_validate have them
+ *    (hipamd/src/hip_memory.cpp: ROCm/hipamd rocm-5.2.0 to rocm-5.5.0, ROCm/clr
+ *    rocm-5.6.0 to rocm-6.2.2 and f9f995c6, ROCm/rocm-systems projects/clr
+ *    003af007). An end of the copy is what getMemoryObject finds at its
+ *    address: MemObjMap::FindMemObj (rocclr/device/device.cpp) takes the
+ *    registration or hipMalloc block with the greatest base at or below the
+ *    address and checks only that one; nothing found is pageable host memory
+ *    (GetArenaMemObj, rocclr/device/rocm/rocdevice.cpp, gives no object for
+ *    memory hsa_amd_pointer_info calls unknown). In this order:
+ *    size 0: success, nothing checked; NULL dst or src: hipErrorInvalidValue
+ *    (1); from 6.1 a kind above hipMemcpyDefault other than 1024
+ *    (DeviceToDeviceNoCU): hipErrorInvalidMemcpyDirection (21); an end found
+ *    whose object holds fewer than size bytes from the address: 1 ("Size
+ *    validation", src then dst: a range that leaves the registration its
+ *    start is in, also into an adjacent registration, which is never looked
+ *    at); neither end found and the kind neither HostToHost nor Default: 1
+ *    (IsHtoHMemcpyValid; 5.2 in ihipMemcpy; allowed from 6.3 with XNACK,
+ *    which the double has off); from 5.3 src == dst with Default: success
+ *    and nothing done. Then neither end found: the CPU copies (ihipHtoHMemcpy:
+ *    outcome HOST); one end pageable: WriteMemoryCommand or ReadMemoryCommand
+ *    with the host pointer, staged (STAGED), also when its range runs into a
+ *    registration further on (the lookup sees only the start); both found:
+ *    CopyMemoryCommand (PINNED; DEVICE for two hipMalloc blocks). The kind
+ *    decides nothing else. hipMemcpyAsync (hipMemcpyAsync_common): from 6.1
+ *    the direction check first; a stream other than NULL, hipStreamPerThread
+ *    or a live one: hipErrorContextIsDestroyed (709, hip::isValid; 5.x
+ *    casts it without a check: the double answers 709 there too); then as
+ *    hipMemcpy, its errors the call's own. The double moves the bytes before
+ *    either call returns (device blocks in their backing) and counts the
+ *    outcome (fake_gpu_copy_count, fake_pins.h). A registration still
+ *    sleeping its simulated latency is not found yet (AddMemObj comes last).
+ *  - Streams (hip_stream.cpp, 5.2 and 6.2 alike): hipStreamCreate (NULL: 1;
+ *    64 live at most, then hipErrorOutOfMemory), hipStreamDestroy (NULL:
+ *    hipErrorInvalidHandle, 400; hipStreamPerThread:
+ *    hipErrorInvalidResourceHandle, 400; not live: 709) and
+ *    hipStreamSynchronize (not live: 709; else success: nothing is pending).
  *
  * Environment: FAKE_HIP_VERSION=major.minor, FAKE_HIP_DEVICES=N, and
  * fake_pins.h's FAKE_GPU_* (injected failures default to hipErrorOutOfMemory).
@@ -70,6 +110,7 @@ enum fake_hip_call {
     FAKE_HIP_CALL_RUNTIME_GET_VERSION,
     FAKE_HIP_CALL_GET_DEVICE_COUNT,
     FAKE_HIP_CALL_OTHER,
+    FAKE_HIP_CALL_MEMCPY, /* hipMemcpy, hipMemcpyAsync */
     FAKE_HIP_CALL_KIND_COUNT
 };
 

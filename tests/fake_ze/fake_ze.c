@@ -17,7 +17,16 @@ typedef ze_result_t (*zex_import_fn)(ze_driver_handle_t, void *, size_t);
 typedef ze_result_t (*zex_release_fn)(ze_driver_handle_t, void *);
 typedef ze_result_t (*zex_base_fn)(ze_driver_handle_t, void *, void **);
 
-enum { MAX_DRIVERS = 4, LOADER_MAGIC = 0x4c6f61646572u, DRIVER_MAGIC = 0x447276u };
+/* Core API 1.6 (loaders from 1.9): not in the 1.8 headers the double is
+ * built against; declared as ze_api.h has it since. */
+ze_result_t zeCommandListHostSynchronize(ze_command_list_handle_t list, uint64_t timeout);
+
+enum {
+    MAX_DRIVERS = 4,
+    MAX_COMMAND_LISTS = 64,
+    LOADER_MAGIC = 0x4c6f61646572u,
+    DRIVER_MAGIC = 0x447276u
+};
 
 struct driver {
     uint64_t magic;
@@ -350,7 +359,8 @@ FAKE_EXPORT ze_result_t zeContextDestroy(ze_context_handle_t context)
                                                            : ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
 }
 
-/* Imports are not in the USM registry: UNKNOWN, as for any host memory. */
+/* Imports are not in the USM registry: UNKNOWN, as for any host memory;
+ * zeMemAllocDevice's blocks are DEVICE memory of the one device. */
 FAKE_EXPORT ze_result_t zeMemGetAllocProperties(ze_context_handle_t context, const void *pointer,
                                                 ze_memory_allocation_properties_t *properties,
                                                 ze_device_handle_t *device)
@@ -362,12 +372,199 @@ FAKE_EXPORT ze_result_t zeMemGetAllocProperties(ze_context_handle_t context, con
         return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
     if (pointer == NULL || properties == NULL)
         return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
-    properties->type = ZE_MEMORY_TYPE_UNKNOWN;
-    properties->id = 0;
-    properties->pageSize = 0;
+    struct fake_device_block block;
+    fake_pins_lock();
+    bool on_device = fake_device_find((uintptr_t)pointer, &block);
+    fake_pins_unlock();
+    properties->type = on_device ? ZE_MEMORY_TYPE_DEVICE : ZE_MEMORY_TYPE_UNKNOWN;
+    properties->id = on_device ? (uint64_t)block.base : 0;
+    properties->pageSize = on_device ? 4096 : 0;
     if (device != NULL)
-        *device = NULL;
+        *device = on_device ? (ze_device_handle_t)&device_object : NULL;
     return ZE_RESULT_SUCCESS;
+}
+
+/* ---- device memory (context.cpp: Context::allocDeviceMem, freeMem) ---- */
+
+FAKE_EXPORT ze_result_t zeMemAllocDevice(ze_context_handle_t context,
+                                         const ze_device_mem_alloc_desc_t *desc, size_t size,
+                                         size_t alignment, ze_device_handle_t device,
+                                         void **pointer)
+{
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (context != (ze_context_handle_t)&context_object ||
+        device != (ze_device_handle_t)&device_object)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (desc == NULL || pointer == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    if (size == 0) { /* checkMemSizeLimit */
+        *pointer = NULL;
+        return ZE_RESULT_ERROR_UNSUPPORTED_SIZE;
+    }
+    if (alignment & (alignment - 1))
+        return ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT;
+    fake_pins_lock();
+    uintptr_t base = fake_device_alloc(size);
+    fake_pins_unlock();
+    if (base == 0)
+        return ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
+    *pointer = (void *)base;
+    return ZE_RESULT_SUCCESS;
+}
+
+FAKE_EXPORT ze_result_t zeMemFree(ze_context_handle_t context, void *pointer)
+{
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (context != (ze_context_handle_t)&context_object)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (pointer == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    fake_pins_lock();
+    bool freed = fake_device_free((uintptr_t)pointer);
+    fake_pins_unlock();
+    return freed ? ZE_RESULT_SUCCESS : ZE_RESULT_ERROR_INVALID_ARGUMENT;
+}
+
+/* ---- immediate command lists and their copies (fake_ze.h) ---- */
+
+static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool list_used[MAX_COMMAND_LISTS];
+static char list_objects[MAX_COMMAND_LISTS];
+
+static bool list_valid(ze_command_list_handle_t list)
+{
+    bool valid = false;
+    pthread_mutex_lock(&list_lock);
+    for (size_t i = 0; i < MAX_COMMAND_LISTS && !valid; i++)
+        valid = list_used[i] && (void *)list == (void *)&list_objects[i];
+    pthread_mutex_unlock(&list_lock);
+    return valid;
+}
+
+FAKE_EXPORT ze_result_t zeCommandListCreateImmediate(ze_context_handle_t context,
+                                                     ze_device_handle_t device,
+                                                     const ze_command_queue_desc_t *desc,
+                                                     ze_command_list_handle_t *list)
+{
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (context != (ze_context_handle_t)&context_object ||
+        device != (ze_device_handle_t)&device_object)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    if (desc == NULL || list == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    if (desc->mode > ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS)
+        return ZE_RESULT_ERROR_INVALID_ENUMERATION;
+    ze_result_t result = ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY; /* the double's limit */
+    pthread_mutex_lock(&list_lock);
+    for (size_t i = 0; i < MAX_COMMAND_LISTS && result != ZE_RESULT_SUCCESS; i++) {
+        if (list_used[i])
+            continue;
+        list_used[i] = true;
+        *list = (ze_command_list_handle_t)(void *)&list_objects[i];
+        result = ZE_RESULT_SUCCESS;
+    }
+    pthread_mutex_unlock(&list_lock);
+    return result;
+}
+
+FAKE_EXPORT ze_result_t zeCommandListDestroy(ze_command_list_handle_t list)
+{
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (!list_valid(list))
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    pthread_mutex_lock(&list_lock);
+    for (size_t i = 0; i < MAX_COMMAND_LISTS; i++)
+        if ((void *)list == (void *)&list_objects[i])
+            list_used[i] = false;
+    pthread_mutex_unlock(&list_lock);
+    return ZE_RESULT_SUCCESS;
+}
+
+/* Every copy is done when its append returns: nothing to wait for. */
+FAKE_EXPORT ze_result_t zeCommandListHostSynchronize(ze_command_list_handle_t list,
+                                                     uint64_t timeout)
+{
+    (void)timeout;
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    return list_valid(list) ? ZE_RESULT_SUCCESS : ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+}
+
+/* How resolveAlignedAllocation takes one end of a copy of size bytes. */
+struct copy_end {
+    enum { END_PAGEABLE, END_IMPORTED, END_DEVICE, END_NONE } kind;
+    unsigned char *bytes; /* where the double reads or writes them */
+};
+
+static struct copy_end copy_end_at(const void *pointer, size_t size)
+{
+    uintptr_t address = (uintptr_t)pointer;
+    struct fake_device_block block;
+    /* findAllocationDataForRange: the USM block holding the start, used
+     * when it holds the end too (any range of 1 byte or less). */
+    if (fake_device_find(address, &block)) {
+        if (size <= 1 || size <= block.size - (address - block.base))
+            return (struct copy_end){END_DEVICE, block.backing + (address - block.base)};
+        /* Else the address is taken for host memory: no import holds it and
+         * no host pointer allocation can be made of an address that no host
+         * mapping has (the double's device addresses). */
+        return (struct copy_end){END_NONE, NULL};
+    }
+    /* findHostPointerAllocation: the import with the greatest base at or
+     * below the start (GPU driver's), used when it holds the end too. */
+    long at = import_at(&drivers[0], address);
+    if (at >= 0 && size <= fake_pins_at(at)->size - (address - fake_pins_at(at)->base))
+        return (struct copy_end){END_IMPORTED, (unsigned char *)pointer};
+    /* getHostPtrAlloc: a temporary allocation of the range, or (immediate
+     * lists) the staging buffer. */
+    return (struct copy_end){END_PAGEABLE, (unsigned char *)pointer};
+}
+
+FAKE_EXPORT ze_result_t zeCommandListAppendMemoryCopy(ze_command_list_handle_t list, void *dst,
+                                                      const void *src, size_t size,
+                                                      ze_event_handle_t signal_event,
+                                                      uint32_t wait_count,
+                                                      ze_event_handle_t *wait_events)
+{
+    (void)signal_event;
+    enter(FAKE_ZE_CALL_MEMORY_COPY, FAKE_CALLER());
+    if (too_early())
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    ze_result_t result = ZE_RESULT_SUCCESS;
+    if (!list_valid(list))
+        result = ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    else if (dst == NULL || src == NULL)
+        result = ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    else if (wait_events == NULL && wait_count > 0)
+        result = ZE_RESULT_ERROR_INVALID_SIZE;
+    fake_pins_lock();
+    if (result == ZE_RESULT_SUCCESS && size != 0) {
+        struct copy_end to = copy_end_at(dst, size), from = copy_end_at(src, size);
+        if (to.kind == END_NONE || from.kind == END_NONE) {
+            result = ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY; /* an end without an allocation */
+        } else {
+            memmove(to.bytes, from.bytes, size);
+            enum fake_gpu_copy_outcome outcome = FAKE_GPU_COPY_PINNED;
+            if (to.kind == END_PAGEABLE || from.kind == END_PAGEABLE)
+                outcome = FAKE_GPU_COPY_STAGED;
+            else if (to.kind == END_DEVICE && from.kind == END_DEVICE)
+                outcome = FAKE_GPU_COPY_DEVICE;
+            fake_pins_count_copy(outcome, size);
+        }
+    }
+    if (result != ZE_RESULT_SUCCESS)
+        fake_pins_count_copy(FAKE_GPU_COPY_REFUSED, size);
+    fake_pins_unlock();
+    return result;
 }
 
 FAKE_EXPORT int fake_ze_initialized(void)

@@ -46,7 +46,52 @@
  *    and refused with ZE_RESULT_ERROR_INVALID_NULL_HANDLE (the real driver
  *    would read the loader's object as its own).
  *  - Imported memory is not in the driver's USM registry:
- *    zeMemGetAllocProperties says ZE_MEMORY_TYPE_UNKNOWN (context.cpp).
+ *    zeMemGetAllocProperties says ZE_MEMORY_TYPE_UNKNOWN (context.cpp);
+ *    zeMemAllocDevice's blocks are ZE_MEMORY_TYPE_DEVICE.
+ *  - Device memory (level_zero/core/source/context/context.cpp,
+ *    Context::allocDeviceMem, checkMemSizeLimit, freeMem): zeMemAllocDevice
+ *    of size 0: ZE_RESULT_ERROR_UNSUPPORTED_SIZE (0x78000009), *pptr NULL;
+ *    an alignment that is no power of two: UNSUPPORTED_ALIGNMENT (the
+ *    validation layer's check); else a block at an address no host mapping
+ *    has (non-canonical), with backing from a raw mmap (fake_pins.h).
+ *    zeMemFree of anything but a block's base: INVALID_ARGUMENT.
+ *  - Immediate command lists on the one context and device:
+ *    zeCommandListCreateImmediate (64 live at most, then
+ *    OUT_OF_HOST_MEMORY), zeCommandListDestroy, zeCommandListHostSynchronize
+ *    (core 1.6, declared in fake_ze.c: success, nothing is pending). A list
+ *    handle that is no live list: INVALID_NULL_HANDLE; NULL pointers:
+ *    INVALID_NULL_POINTER (the codes of the loader's validation layer,
+ *    source/layers/validation/checkers/parameter_validation/
+ *    ze_parameter_validation.cpp). Events are accepted and ignored (a wait
+ *    count without a list of events: INVALID_SIZE, the same layer's).
+ *  - zeCommandListAppendMemoryCopy(list, dst, src, size, ...), as
+ *    intel/compute-runtime e37c60bf2a (2026-08) has it:
+ *    CommandListCoreFamilyImmediate::appendMemoryCopy and obtainAllocData
+ *    (cmdlist/cmdlist_hw_immediate.inl), CommandListCoreFamily::
+ *    appendMemoryCopy and resolveAlignedAllocation (cmdlist/cmdlist_hw.inl),
+ *    DriverHandle::findAllocationDataForRange and findHostPointerAllocation
+ *    (driver/driver_handle.cpp; the range check there unchanged since
+ *    4602220e62, 2020). Each end, dst then src: a USM block holding the
+ *    start and the end (a size of 1 or less: the start) is device memory;
+ *    else the GPU driver's import holding the start (the greatest base at
+ *    or below, checked: HostPointerManager's MapBasedAllocationTracker::get)
+ *    is used directly if it holds the end too (base + its size >= ptr +
+ *    size); else the range is pageable and goes through a temporary host
+ *    pointer allocation (CommandList::getHostPtrAlloc, Device::
+ *    allocateMemoryFromHostPtr) or an immediate list's staging buffer
+ *    (appendStagingMemoryCopy), without an error: a range that leaves its
+ *    import, one over two adjacent imports and one that starts outside and
+ *    runs into an import are all staged, silently. A start inside a device
+ *    block whose range leaves the block: no USM found, no import, and no
+ *    host pointer allocation of an address no host mapping has (the
+ *    double's device addresses): ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY
+ *    (0x70000003), appendMemoryCopy's answer for an end without an
+ *    allocation (for a source, the real driver would first try a CPU copy,
+ *    allocateInternalGraphicsMemoryWithHostCopy: not modelled). Size 0:
+ *    success, nothing done. The double moves the bytes before the call
+ *    returns and counts the outcome (fake_gpu_copy_count, fake_pins.h):
+ *    PINNED when every host end is imported, STAGED when one is pageable,
+ *    DEVICE for two device ends, REFUSED for an error.
  *  - FAKE_ZE_DRIVERS=N drivers (default 1); only driver 0 offers the import
  *    (the GPU's; others are, say, an NPU's).
  *  - Built with FAKE_ZE_LOADER_1_15_7 (tests/fake_ze/v1_15_7/, the file
@@ -70,6 +115,7 @@ enum fake_ze_call {
     FAKE_ZE_CALL_RELEASE,
     FAKE_ZE_CALL_BASE_ADDRESS,
     FAKE_ZE_CALL_OTHER,
+    FAKE_ZE_CALL_MEMORY_COPY, /* zeCommandListAppendMemoryCopy */
     FAKE_ZE_CALL_KIND_COUNT
 };
 
