@@ -60,6 +60,11 @@ struct pinshim_counters {
     uint64_t queued_ranges; /* locked ranges waiting for the registration thread now */
     /* Since 0.3.0: */
     uint64_t unregister_mprotect; /* read-only registrations made again writable by mprotect */
+    /* Since 0.4.0: */
+    uint64_t unregister_join; /* undone to register a run again whole (it grew or joined) */
+    uint64_t held_ranges;     /* locked ranges tracked and not registered now (run too small,
+                                 or holding pages no registration may cover) */
+    uint64_t held_bytes;
 };
 
 /* The shim's version string ("0.3.0"). */

@@ -28,6 +28,7 @@ bool engine_init(struct engine *engine, const struct engine_backend *backend,
         engine->options.max_registration_bytes = UINT64_MAX;
     node_pool_init(&engine->piece_pool, sizeof(struct engine_piece));
     node_pool_init(&engine->waiting_pool, sizeof(struct engine_waiting));
+    lock_bytes_init(&engine->lock_bytes);
     engine->registry_ok = range_registry_init(&engine->registry);
     return engine->registry_ok;
 }
@@ -45,6 +46,7 @@ static void engine_release_memory(struct engine *engine)
         __atomic_store_n(engine->gate, 0, __ATOMIC_RELAXED);
     node_pool_destroy(&engine->piece_pool);
     node_pool_destroy(&engine->waiting_pool);
+    lock_bytes_destroy(&engine->lock_bytes);
     engine->registry_ok = false;
     engine->record_count = 0;
 }
@@ -64,17 +66,25 @@ void engine_reset_after_fork(struct engine *engine)
     struct engine_options options = engine->options;
     bool window_allowed = engine->window_allowed;
     uintptr_t *gate = engine->gate;
+    /* The child has its parent's mappings: their bounds stay. */
+    struct mapping_bounds *bounds = engine->bounds;
     /* Not engine_destroy: in the child the mutex is held (the fork handler
      * took it) and the condition variable may count the parent's waiting
      * registration thread, which does not exist here, so destroying it would
      * wait for that thread forever. engine_init makes both anew. */
     engine_release_memory(engine);
     engine_init(engine, backend, &options);
+    engine->bounds = bounds;
     engine->window_allowed = window_allowed;
     if (gate != &engine->free_view.gate) {
         *gate = 0;
         engine->gate = gate;
     }
+}
+
+void engine_set_mapping_bounds(struct engine *engine, struct mapping_bounds *bounds)
+{
+    engine->bounds = bounds;
 }
 
 /* The fields counted outside the lock, by relaxed atomics: contiguous, from
@@ -192,6 +202,10 @@ void engine_get_counters(struct engine *engine, struct pinshim_counters *out)
     out->mlockall_calls = __atomic_load_n(&engine_stats(engine)->mlockall_calls, __ATOMIC_RELAXED);
     out->lock_calls = __atomic_load_n(&engine_stats(engine)->lock_calls, __ATOMIC_RELAXED);
     out->unlock_calls = __atomic_load_n(&engine_stats(engine)->unlock_calls, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&engine->mutex);
+    out->held_ranges = engine_stats(engine)->held_ranges;
+    out->held_bytes = engine_stats(engine)->held_bytes;
+    pthread_mutex_unlock(&engine->mutex);
 }
 
 size_t engine_get_errors(struct engine *engine, struct engine_error_count *out, size_t max)

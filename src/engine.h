@@ -19,6 +19,8 @@
 #define PINSHIM_ENGINE_H
 
 #include "internal_alloc.h"
+#include "lock_bytes.h"
+#include "mapping_bounds.h"
 #include "numa_placement.h"
 #include "range_registry.h"
 
@@ -162,6 +164,7 @@ enum release_reason {
     RELEASE_EXIT,
     RELEASE_PROGRAM,  /* the program registered the pages itself */
     RELEASE_MPROTECT, /* read-only pages became writable: registered again writable */
+    RELEASE_JOIN,     /* its run grew, joined another or is held: registered again whole */
     RELEASE_REASON_COUNT
 };
 
@@ -173,8 +176,10 @@ enum engine_onfault {
 };
 
 struct engine_options {
-    uint64_t min_bytes;
-    uint64_t max_registration_bytes; /* larger ranges are registered in chunks */
+    uint64_t min_bytes; /* smallest run of locked pages that is registered */
+    /* The chunks a run is cut into when the driver refuses it in one call
+     * and it is larger than this (never before). */
+    uint64_t max_registration_bytes;
     uintptr_t page_size;
     /* CU_MEMHOSTREGISTER_* bits every registration is made with (0: the
      * default, PORTABLE|DEVICEMAP). */
@@ -326,6 +331,13 @@ struct engine_statistics {
     uint64_t skipped_read_only_unsupported;
     uint64_t registered_by_pieces;
     uint64_t exit_unloading; /* exit unregistrations answered "runtime/driver unloading" */
+    /* Runs (engine_runs.c): runs registered whole after parts of them
+     * were undone (counters.unregister_join); joined runs the driver refused,
+     * registered in their old pieces instead; runs cut into chunks because
+     * the driver refused them whole; locked ranges tracked but not
+     * registered now (enum range_held), and their bytes. */
+    uint64_t runs_joined, join_failed, runs_chunked;
+    uint64_t held_ranges, held_bytes;
     uint64_t deferred_total, deferred_registered; /* ranges that waited for a context */
     uint64_t cancelled_queued, dropped_pending;   /* released before they were registered */
     uint64_t gone_with_context; /* unregistrations that found the registration gone (713) */
@@ -403,6 +415,13 @@ struct engine {
     uint32_t warned_register[ENGINE_ERROR_SLOTS], warned_unregister[ENGINE_ERROR_SLOTS];
     struct node_pool piece_pool;
     struct node_pool waiting_pool;
+    /* The bytes the program's locks (and its own registrations) asked for:
+     * what free releases and the free window's map are decided by. */
+    struct lock_bytes lock_bytes;
+    /* Where the program's mappings begin and end (NULL: nowhere known):
+     * runs of locked pages are cut there. */
+    struct mapping_bounds *bounds;
+    uint32_t warned_runs; /* bit per kind of run message: warned once */
 };
 
 /* The engine's counters, wherever they live now: acquire pairs with the
@@ -475,6 +494,10 @@ static inline bool engine_block_clear_fast(const struct engine *engine, uintptr_
     return address < below && address + ((const size_t *)ptr)[-1] - 9 < below;
 }
 
+/* Runs of locked pages are cut where bounds says a mapping begins or ends
+ * (set once, before the first lock; NULL: nowhere). */
+void engine_set_mapping_bounds(struct engine *engine, struct mapping_bounds *bounds);
+
 /* Keeps free_view.gate at *gate instead (zeroed now). */
 void engine_keep_gate_at(struct engine *engine, uintptr_t *gate);
 
@@ -489,31 +512,36 @@ static inline bool engine_has_registrations(const struct engine *engine)
 
 #define ENGINE_LOCK_ONFAULT 1u
 
-/* mlock, mlock2: runs call (the real lock); when it succeeds and length is at
- * least min_bytes, the pages of [addr, addr + length) not yet registered are
- * registered (now, by the registration thread, or once the process has a
- * CUDA context). Returns what call returned, with its errno. */
+/* mlock, mlock2: runs call (the real lock); when it succeeds, the pages of
+ * [addr, addr + length) join the run of locked pages they touch, and each
+ * run is one registration (engine_runs.c): registered now, by the
+ * registration thread, or once the process has a CUDA context; or held,
+ * unregistered, while the run is smaller than min_bytes or holds pages that
+ * no registration may cover. Returns what call returned, with its errno. */
 long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned flags,
                  const struct engine_call *call);
 
 /* mmap, mmap64 with MAP_FIXED (replace, when the fixed range is to be
- * released first) and/or MAP_LOCKED (locks: register the new mapping). */
+ * released first) and/or MAP_LOCKED (locks: register the new mapping). The
+ * new mapping's bounds go to the engine's mapping bounds. */
 long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, bool replaces,
                 bool locks, const struct engine_call *call);
 
 /* munlock, munmap, munlockall: releases the registrations overlapping the
- * pages [start, end) (re-registering the parts outside it), runs call, and
- * after a failure registers again what the call left locked. */
+ * pages [start, end) (registering the parts outside it again, each part of
+ * a run one registration), runs call, and after a failure registers again
+ * what the call left locked. munmap's range leaves the mapping bounds. */
 long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
                    enum release_reason reason, enum engine_failure_rule failure,
                    const struct engine_call *call);
 
-/* mprotect, pkey_mprotect of [start, end) (pages) that makes them writable:
- * what is registered there READ_ONLY is registered again without it once
- * the call succeeds (so the device may write it, as it may any writable
- * locked buffer). Protection taken away keeps the registrations as they
- * are: they stay valid. */
-long engine_protect(struct engine *engine, uintptr_t start, uintptr_t end,
+/* mprotect, pkey_mprotect of [start, end) (pages) that gives access
+ * (writable: write access): what is registered there READ_ONLY is
+ * registered again without it once the call succeeds (so the device may
+ * write it, as it may any writable locked buffer), and pages held because
+ * their protection allowed no registration are looked at again. Protection
+ * taken away keeps the registrations as they are: they stay valid. */
+long engine_protect(struct engine *engine, uintptr_t start, uintptr_t end, bool writable,
                     const struct engine_call *call);
 
 /* mremap. flags are mremap's; new_address is read with MREMAP_FIXED. */
@@ -521,9 +549,9 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
                   int flags, uintptr_t new_address, const struct engine_call *call);
 
 /* free, realloc: the block [start, end) (its usable bytes) goes back to the
- * allocator. A record whose lock covered bytes of the block loses every page
- * the block touches; a record made for other memory keeps the pages it
- * shares with the block and loses only the pages inside it. call failing
+ * allocator. Every page the block touches is released, but for a first or
+ * last page that still holds lock bytes of other memory (a neighbouring
+ * buffer locked on the same page): that one stays registered. call failing
  * (realloc returning NULL for a nonzero size) restores what was released. */
 long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
                           enum release_reason reason, bool can_fail,
@@ -595,6 +623,9 @@ void engine_shutdown(struct engine *engine);
 bool engine_note_immediate_exit(struct engine *engine);
 
 bool engine_is_registered(struct engine *engine, uintptr_t addr);
+/* The state (enum range_state) of the record holding addr, or -1 when none
+ * does. */
+int engine_state_at(struct engine *engine, uintptr_t addr);
 void engine_get_counters(struct engine *engine, struct pinshim_counters *out);
 /* Copies the error histogram; returns the number of entries. */
 size_t engine_get_errors(struct engine *engine, struct engine_error_count *out, size_t max);

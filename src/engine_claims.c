@@ -29,19 +29,6 @@ static bool claims_conflict_locked(const struct engine *engine, const uintptr_t 
     return false;
 }
 
-/* Widens [*start, *end) to the whole records that straddle its ends: a
- * release registers again the parts of a record outside the range, so it
- * needs those pages too. */
-static void extend_to_records_locked(struct engine *engine, uintptr_t *start, uintptr_t *end)
-{
-    struct range_record *first = range_registry_containing(&engine->registry, *start);
-    if (first != NULL && first->base < *start)
-        *start = first->base;
-    struct range_record *last = range_registry_containing(&engine->registry, *end - 1);
-    if (last != NULL && last->end > *end)
-        *end = last->end;
-}
-
 /* The call the calling thread's operation serves ("mlock", "free"), for the
  * NVTX ranges of the registrations it makes (initial-exec: no allocation
  * at a thread's first access). */
@@ -63,7 +50,7 @@ static void trace_end_unlocked(struct engine *engine, bool traced)
 }
 
 /* Waits until no other operation claims any page of the ranges, then claims
- * them (widened to whole records when extend is set). Returns false, with
+ * them (widened to the whole runs around their ends when extend is set). Returns false, with
  * nothing claimed, at shut-down when give_up_at_shutdown is set. */
 bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const uintptr_t *ends,
                          unsigned count, bool extend, bool give_up_at_shutdown)
@@ -81,7 +68,7 @@ bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const ui
             wanted_start[i] = starts[i];
             wanted_end[i] = ends[i];
             if (extend)
-                extend_to_records_locked(engine, &wanted_start[i], &wanted_end[i]);
+                engine_extend_to_runs_locked(engine, &wanted_start[i], &wanted_end[i]);
         }
         uint64_t taken = engine->claims_taken;
         int free_slot = taken == UINT64_MAX ? -1 : __builtin_ctzll(~taken);

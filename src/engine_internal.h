@@ -6,6 +6,8 @@
  *   engine_claims.c    claims on pages and the begin/run/end of an operation
  *   engine_protocol.c  registering and releasing, and the entry points that
  *                      lock, map, unlock and free: the protocol in one place
+ *   engine_runs.c      runs of locked pages: each run one registration, or
+ *                      held whole; joined, cut and registered again
  *   engine_remap.c     mremap
  *   engine_program.c   the program's own cudaHostRegister/cudaHostUnregister
  *   engine_worker.c    the registration thread and the watcher
@@ -22,6 +24,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
+
+/* Bits of engine->warned_runs: messages about runs said once per process. */
+#define ENGINE_WARNED_JOIN_FAILED 1u
+#define ENGINE_WARNED_CHUNKED 2u
+#define ENGINE_WARNED_HELD_ONFAULT 4u
+#define ENGINE_WARNED_HELD_REFUSED 8u
 
 /* Stamps the counters with the time of a change a watcher cares about
  * (registered, released, failed, waiting): a coarse clock, read in the vDSO. */
@@ -43,10 +51,12 @@ struct engine_waiting {
 /* A piece of a record that a release removed, so a failed call can put it
  * back, or mremap can move it. */
 struct engine_piece {
-    uintptr_t start, end, lock_start, lock_end;
+    uintptr_t start, end;
+    uintptr_t program_start, program_end; /* RANGE_PROGRAM: the program's bytes */
     struct range_place place;
-    uint8_t state; /* RANGE_REGISTERED, QUEUED, PENDING or PROGRAM before the release */
+    uint8_t state; /* RANGE_REGISTERED, QUEUED, PENDING, HELD or PROGRAM before the release */
     uint8_t program_locked;
+    uint8_t held; /* RANGE_HELD: why */
     struct engine_piece *next;
 };
 
@@ -141,6 +151,9 @@ void engine_remove_record_locked(struct engine *engine, uintptr_t base);
  * and returns it; NULL when out of memory (nothing changed). */
 struct range_record *engine_isolate_locked(struct engine *engine, uintptr_t base, uintptr_t start,
                                            uintptr_t end);
+/* Joins the record at base with the record that starts at its end (both of
+ * one state); returns the joined record, or NULL when there is none. */
+struct range_record *engine_join_locked(struct engine *engine, uintptr_t base);
 struct engine_waiting *engine_waiting_pop_locked(struct engine_waiting **head,
                                                  struct engine_waiting **tail);
 
@@ -151,14 +164,26 @@ struct engine_waiting *engine_waiting_pop_locked(struct engine_waiting **head,
  * each is a miss of its own (issue 22); overlapped they cost about one. */
 void engine_prefetch_locked(struct engine *engine, uintptr_t start, uintptr_t end);
 /* Recomputes the free window's map over [start, end) and what looks ahead
- * into it: after a record's lock bytes changed in place. */
+ * into it: after the lock bytes there changed. */
 void engine_window_refresh_locked(struct engine *engine, uintptr_t start, uintptr_t end);
+/* Lock bytes (lock_bytes.h) added or taken away, with the free window kept
+ * in step. Out of memory for an addition: warned once; the bytes are
+ * missing (free then releases what it touches there). */
+void engine_lock_bytes_add_locked(struct engine *engine, uintptr_t start, uintptr_t end);
+void engine_lock_bytes_remove_locked(struct engine *engine, uintptr_t start, uintptr_t end);
+/* Moves the lock bytes of [old_start, old_end) to new_start on (mremap). */
+void engine_lock_bytes_move_locked(struct engine *engine, uintptr_t old_start, uintptr_t old_end,
+                                   uintptr_t new_start);
+/* A HELD record's reason, with the held counts kept in step. */
+void engine_set_held_locked(struct engine *engine, struct range_record *record,
+                            enum range_held reason);
 
 /* ---- claims and operations (engine_claims.c) ---- */
 
 bool engine_ranges_overlap(uintptr_t a_start, uintptr_t a_end, uintptr_t b_start, uintptr_t b_end);
 /* Waits until no other operation claims any page of the ranges (count: 1 or
- * 2), then claims them, widened to whole records when extend is set. False,
+ * 2), then claims them, widened to the whole runs around their ends when
+ * extend is set (engine_extend_to_runs_locked). False,
  * with nothing claimed, at shut-down when give_up_at_shutdown is set. */
 bool engine_claim_locked(struct engine_op *op, const uintptr_t *starts, const uintptr_t *ends,
                          unsigned count, bool extend, bool give_up_at_shutdown);
@@ -183,12 +208,40 @@ void engine_want_worker_locked(struct engine_op *op);
 /* ---- registering and releasing (engine_protocol.c) ---- */
 
 /* The record at base is REGISTERING: makes the backend call (the mutex
- * dropped; the caller's claim covers the record) and records the outcome. */
-void engine_register_record_locked(struct engine *engine, uintptr_t base, bool on_worker);
-/* Adds records for the pages of [start, end) that no record covers. */
+ * dropped; the caller's claim covers the record) and records a success, or
+ * the wait for a context. Returns the backend's answer; a failure leaves
+ * the record REGISTERING, for engine_registration_failed_locked. */
+struct engine_result engine_try_register_locked(struct engine *engine, uintptr_t base,
+                                                bool on_worker);
+/* Whether the result is a refusal (not a success, not "no context"). */
+bool engine_registration_failed(struct engine_result result);
+/* Unregisters the REGISTERED record at base (the mutex dropped around the
+ * call), counted under reason; the record stays, UNREGISTERING, for the
+ * caller. Returns the backend's answer. */
+struct engine_result engine_unregister_record_locked(struct engine *engine, uintptr_t base,
+                                                     enum release_reason reason, bool on_worker);
+/* Counts a refused registration of the record at base (warned the first
+ * time per code); the record stays as it is. */
+void engine_count_register_failure_locked(struct engine *engine, uintptr_t base,
+                                          struct engine_result result);
+/* After a failed registration of the record at base: reads the kinds of
+ * mapping it spans; where they are mixed, cuts it into pieces of one kind
+ * (HELD: NEW with the flags their mapping needs, REFUSED, NO_ACCESS) and
+ * returns true (its run must be settled again). False, changing nothing,
+ * when every piece is plainly writable (the failure was the range's own). */
+bool engine_cut_by_mapping_kinds_locked(struct engine *engine, uintptr_t base);
+/* Tracks the pages of [start, end) that no record covers as HELD records
+ * (reason hold; place chosen unless choice defers), and with a plain lock
+ * (hold NEW) the ONFAULT records there become NEW. The op's claim covers
+ * [start, end). Runs are not settled here. False when out of memory. */
+bool engine_track_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
+                               enum engine_choice choice, const struct range_place *place,
+                               enum range_held hold);
+/* A lock's pages: its bytes become lock bytes, its pages are tracked and
+ * the runs they touch settled (engine_settle_locked). */
 void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
                              uintptr_t lock_start, uintptr_t lock_end, enum engine_choice choice,
-                             const struct range_place *place);
+                             const struct range_place *place, enum range_held hold);
 /* Releases every record overlapping request's pages. */
 void engine_release_locked(struct engine_op *op, const struct release_request *request);
 /* Registers again the ticket's pieces clipped to [clip_start, clip_end) (only
@@ -197,12 +250,30 @@ void engine_restore_locked(struct engine_op *op, struct engine_ticket *ticket, u
                            uintptr_t clip_end, bool only_mapped);
 void engine_ticket_discard_locked(struct engine *engine, struct engine_ticket *ticket);
 
+/* ---- runs (engine_runs.c) ---- */
+
+/* Widens [*start, *end) to the whole runs that hold or touch its first and
+ * last pages (a claim must cover every record an operation may join, cut or
+ * register again). */
+void engine_extend_to_runs_locked(struct engine *engine, uintptr_t *start, uintptr_t *end);
+/* Whether the record right after left (starting at its end) continues its
+ * run: both may be registered with others, and no mapping begins there. */
+bool engine_run_continues(struct engine *engine, const struct range_record *left,
+                          const struct range_record *right);
+/* Brings every run that holds or touches a page of [start, end) to what it
+ * should be: registered whole, in as few registrations as its pages allow,
+ * or held whole. The op's claim covers those runs. */
+void engine_settle_locked(struct engine_op *op, uintptr_t start, uintptr_t end);
+/* The registration of the record at base failed (result): it is cut by
+ * mapping kind, or in its old pieces, or in chunks, or held; true when its
+ * run must be settled again. */
+bool engine_registration_failed_locked(struct engine_op *op, uintptr_t base,
+                                       struct engine_result result, bool on_worker);
+
 /* ---- the program's own registrations (engine_program.c) ---- */
 
 /* [start, end) is locked now: the program's registrations there are marked
  * to be taken back when the program unregisters them. */
 void engine_mark_program_locked_locked(struct engine *engine, uintptr_t start, uintptr_t end);
-/* The state of the record holding addr, or -1 when none does. */
-int engine_state_at(struct engine *engine, uintptr_t addr);
 
 #endif

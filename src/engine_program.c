@@ -65,9 +65,9 @@ static bool hand_over_locked(struct engine *engine, uintptr_t start, size_t leng
         return false;
     record->state = RANGE_PROGRAM;
     record->program_locked = 1;
-    record->lock_start = start;
-    record->lock_end = start + length;
-    engine_window_refresh_locked(engine, pages_start, pages_end);
+    record->program_start = start;
+    record->program_end = start + length;
+    engine_lock_bytes_add_locked(engine, start, start + length);
     struct pinshim_counters *counters = &engine_stats(engine)->counters;
     counters->live_ranges--;
     engine_note_change_locked(engine);
@@ -132,14 +132,17 @@ long engine_program_register(struct engine *engine, uintptr_t start, size_t leng
                 gap_end = pages_end;
             struct range_record record = {.base = gap_start,
                                           .end = gap_end,
-                                          .lock_start = start,
-                                          .lock_end = start + length,
+                                          .program_start = start,
+                                          .program_end = start + length,
                                           .place = place,
                                           .state = RANGE_PROGRAM};
             if (engine_insert_record_locked(engine, &record) == NULL)
                 break; /* out of memory: a later lock there gets 712, counted */
             cursor = gap_end;
         }
+        /* A free of the program's buffer gives its pages up (the free rule
+         * reads lock bytes): its bytes are in danger as a lock's are. */
+        engine_lock_bytes_add_locked(engine, start, start + length);
         /* What the shim held there was locked, and still is. */
         for (struct engine_piece *piece = ticket.head; piece != NULL; piece = piece->next)
             if (piece->state != RANGE_PROGRAM || piece->program_locked)
@@ -183,10 +186,23 @@ static bool keep_locked(struct engine *engine, uintptr_t start)
 {
     struct range_record *record = range_registry_find(&engine->registry, start);
     if (record == NULL || record->state != RANGE_PROGRAM || !record->program_locked ||
-        record->lock_start != start || record->end != engine_page_ceil(engine, record->lock_end) ||
+        record->program_start != start ||
+        record->end != engine_page_ceil(engine, record->program_end) ||
         (record->place.device < 0 && !(record->place.flags & RANGE_PLACE_ANY_CONTEXT)) ||
         record->place.register_flags != engine_normalized_flags(engine->options.register_flags) ||
-        record->end - record->base > engine->options.max_registration_bytes || engine->shut_down)
+        record->end - record->base < engine->options.min_bytes || engine->shut_down)
+        return false;
+    /* The run the shim would register holds no more than these pages: no
+     * locked neighbour of the shim's continues it. */
+    uintptr_t base = record->base, end_page = record->end;
+    struct range_record probe = *record;
+    probe.state = RANGE_HELD;
+    probe.held = RANGE_HELD_NEW;
+    struct range_record *left =
+        base > 0 ? range_registry_containing(&engine->registry, base - 1) : NULL;
+    struct range_record *right = range_registry_find(&engine->registry, end_page);
+    if ((left != NULL && engine_run_continues(engine, left, &probe)) ||
+        (right != NULL && engine_run_continues(engine, &probe, right)))
         return false;
     struct range_place held = record->place, chosen = {.device = -1};
     pthread_mutex_unlock(&engine->mutex);
@@ -199,9 +215,7 @@ static bool keep_locked(struct engine *engine, uintptr_t start)
     uintptr_t end = record->end;
     record->state = RANGE_REGISTERED;
     record->program_locked = 0;
-    record->lock_start = start;
-    record->lock_end = end;
-    engine_window_refresh_locked(engine, start, end);
+    record->kept_start = record->kept_end = 0;
     struct pinshim_counters *counters = &engine_stats(engine)->counters;
     counters->live_ranges++;
     engine_note_change_locked(engine);
@@ -237,14 +251,15 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
         program = *record;
         /* One registration may be several records (the parts the program
          * holds locked are apart): claim all of them. */
-        whole_start = engine_page_floor(engine, program.lock_start);
-        whole_end = engine_page_ceil(engine, program.lock_end);
+        whole_start = engine_page_floor(engine, program.program_start);
+        whole_end = engine_page_ceil(engine, program.program_end);
         if (!engine_op_claims(&op, whole_start, whole_end)) {
             engine_drop_claim_locked(&op);
             engine_claim_locked(&op, &whole_start, &whole_end, 1, true, false);
             record = range_registry_containing(&engine->registry, start);
             if (record == NULL || record->state != RANGE_PROGRAM ||
-                record->lock_start != program.lock_start || record->lock_end != program.lock_end)
+                record->program_start != program.program_start ||
+                record->program_end != program.program_end)
                 program.base = 0;
         }
     }
@@ -271,11 +286,14 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
                 break;
             uintptr_t base = next->base, end = next->end;
             cursor = end;
-            if (next->state != RANGE_PROGRAM || next->lock_start != program.lock_start ||
-                next->lock_end != program.lock_end)
+            if (next->state != RANGE_PROGRAM || next->program_start != program.program_start ||
+                next->program_end != program.program_end)
                 continue;
             bool locked = next->program_locked;
             engine_remove_record_locked(engine, base);
+            /* Its bytes leave the danger the free rule reads; pages still
+             * locked come back as a lock's, whole. */
+            engine_lock_bytes_remove_locked(engine, base, end);
             if (!locked)
                 continue;
             if (!place_chosen) {
@@ -287,7 +305,7 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
                 pthread_mutex_lock(&engine->mutex);
                 place_chosen = true;
             }
-            engine_add_range_locked(&op, base, end, base, end, choice, &place);
+            engine_add_range_locked(&op, base, end, base, end, choice, &place, RANGE_HELD_NEW);
             took_back = true;
         }
         if (took_back)

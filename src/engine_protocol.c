@@ -1,7 +1,8 @@
 /* The protocol: how a lock registers, how an unlock, unmap or free releases,
  * and how a failed call puts back what it took. Each entry point below
- * claims its pages, releases what must go before the real call, runs it,
- * registers or restores what the outcome asks for, and ends. */
+ * claims its pages (and the runs they touch), releases what must go before
+ * the real call, runs it, tracks, settles (engine_runs.c) or restores what
+ * the outcome asks for, and ends. */
 #include "engine_internal.h"
 #include "trace.h"
 
@@ -128,11 +129,7 @@ static void count_numa_locked(struct engine *engine, const struct range_place *p
              size, of, (int)place->device, remote_node, device_node, device_node, device_node);
 }
 
-/* The record at base is REGISTERING: makes the backend call with the mutex
- * dropped (the caller's claim covers the record) and records a success, or
- * the wait for a context. Returns the backend's answer; a failure is left
- * for the caller (record_failure_locked). */
-static struct engine_result try_register_locked(struct engine *engine, uintptr_t base,
+struct engine_result engine_try_register_locked(struct engine *engine, uintptr_t base,
                                                 bool on_worker)
 {
     struct range_record *record = range_registry_find(&engine->registry, base);
@@ -175,6 +172,9 @@ static struct engine_result try_register_locked(struct engine *engine, uintptr_t
         if (counters->live_bytes > counters->peak_bytes)
             counters->peak_bytes = counters->live_bytes;
         count_device_locked(engine, &place, length);
+        if ((place.register_flags & ENGINE_REGISTER_READ_ONLY) &&
+            !(engine->options.register_flags & ENGINE_REGISTER_READ_ONLY))
+            engine_stats(engine)->read_only_registrations++; /* for read-only pages */
         if (located)
             count_numa_locked(engine, &place, &placement, device_node, length);
         char where[32] = "for every device";
@@ -192,21 +192,18 @@ static struct engine_result try_register_locked(struct engine *engine, uintptr_t
     return result;
 }
 
-static bool registration_failed(struct engine_result result)
+bool engine_registration_failed(struct engine_result result)
 {
     return result.outcome != ENGINE_OK && result.outcome != ENGINE_NO_CONTEXT;
 }
 
-/* The registration of the record at base failed: it goes, counted (and
- * warned about the first time). */
-static void record_failure_locked(struct engine *engine, uintptr_t base,
-                                  struct engine_result result)
+void engine_count_register_failure_locked(struct engine *engine, uintptr_t base,
+                                          struct engine_result result)
 {
     int error = result.code;
     struct range_record *record = range_registry_find(&engine->registry, base);
     size_t length = record->end - record->base;
     struct pinshim_counters *counters = &engine_stats(engine)->counters;
-    engine_remove_record_locked(engine, base);
     bool first = note_error(engine, error, engine->warned_register);
     if (result.outcome == ENGINE_ALREADY_REGISTERED) {
         /* The program or its framework registered it: not ours to unregister. */
@@ -217,36 +214,15 @@ static void record_failure_locked(struct engine *engine, uintptr_t base,
         counters->register_failed++;
         engine_note_change_locked(engine);
         if (first)
-            log_warn("%s(%#lx, %lu) failed: %s (%d); the range stays "
-                     "mlocked only; further %s failures are counted, not logged",
+            log_warn("%s(%#lx, %lu) failed: %s (%d); the range stays mlocked only unless it "
+                     "can be registered in parts; further %s failures are counted, not logged",
                      call_name(engine, false), (unsigned long)base, (unsigned long)length,
                      error_name(engine, error), error, error_name(engine, error));
     }
     pthread_cond_broadcast(&engine->changed);
 }
 
-static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, bool on_worker);
-
-/* A failure may come from the mappings the range spans (read-only, I/O, a
- * shared file): the range is then registered piece by piece, each piece with
- * the flags its mapping needs. */
-void engine_register_record_locked(struct engine *engine, uintptr_t base, bool on_worker)
-{
-    struct engine_result result = try_register_locked(engine, base, on_worker);
-    if (registration_failed(result) && (result.outcome == ENGINE_ALREADY_REGISTERED ||
-                                        !register_by_pieces_locked(engine, base, on_worker)))
-        record_failure_locked(engine, base, result);
-}
-
-/* A piece: registered, or its failure recorded. */
-static void register_piece_locked(struct engine *engine, uintptr_t base, bool on_worker)
-{
-    struct engine_result result = try_register_locked(engine, base, on_worker);
-    if (registration_failed(result))
-        record_failure_locked(engine, base, result);
-}
-
-/* ---- registering piece by piece ---- */
+/* ---- cutting a refused range by mapping kind ---- */
 
 #define ENGINE_MAPPING_PIECES 64
 
@@ -280,37 +256,39 @@ static const char *const mapping_kind_names[ENGINE_MAPPING_KIND_COUNT] = {
     [ENGINE_MAPPING_UNMAPPED] = "unmapped",
 };
 
-/* A piece no registration can cover: counted, named once per kind. */
-static void skip_piece_locked(struct engine *engine, uintptr_t base, int kind, bool no_read_only)
+/* A piece no registration can cover: held, counted, named once per kind.
+ * Pages no copy can cross cut the run; the others hold it whole, since
+ * registering the rest would make a copy across them fail. */
+static void hold_piece_locked(struct engine *engine, struct range_record *part, int kind,
+                              bool no_read_only)
 {
-    struct range_record *record = range_registry_find(&engine->registry, base);
-    uintptr_t end = record->end;
-    engine_remove_record_locked(engine, base);
+    uintptr_t base = part->base, end = part->end;
+    bool cuts = kind == ENGINE_MAPPING_NO_ACCESS || kind == ENGINE_MAPPING_UNMAPPED;
+    engine_set_held_locked(engine, part, cuts ? RANGE_HELD_NO_ACCESS : RANGE_HELD_REFUSED);
     unsigned bit = no_read_only ? 31u : (unsigned)kind;
     if (no_read_only)
         engine_stats(engine)->skipped_read_only_unsupported++;
     else
         engine_stats(engine)->skipped_pieces[kind]++;
-    if (!(engine->logged_skips & ((uint64_t)1 << bit))) {
-        engine->logged_skips |= (uint64_t)1 << bit;
-        if (no_read_only)
-            log_info("%#lx + %lu bytes are mapped read-only and the device takes no READ_ONLY "
-                     "registrations; such pieces stay mlocked only (logged once)",
-                     (unsigned long)base, (unsigned long)(end - base));
-        else
-            log_info("%#lx + %lu bytes are %s: no driver pins them; such pieces stay mlocked "
-                     "only (logged once)",
-                     (unsigned long)base, (unsigned long)(end - base), mapping_kind_names[kind]);
-    }
+    if (engine->logged_skips & ((uint64_t)1 << bit))
+        return;
+    engine->logged_skips |= (uint64_t)1 << bit;
+    if (no_read_only)
+        log_info("%#lx + %lu bytes are mapped read-only and the device takes no READ_ONLY "
+                 "registrations: the run of locked pages they are in stays unregistered, so "
+                 "that every copy of it works (logged once)",
+                 (unsigned long)base, (unsigned long)(end - base));
+    else if (cuts)
+        log_info("%#lx + %lu bytes are %s: no copy crosses them, and the locked pages on "
+                 "either side are registered apart (logged once)",
+                 (unsigned long)base, (unsigned long)(end - base), mapping_kind_names[kind]);
+    else
+        log_info("%#lx + %lu bytes are %s: no driver pins them, and the run of locked pages "
+                 "they are in stays unregistered, so that every copy of it works (logged once)",
+                 (unsigned long)base, (unsigned long)(end - base), mapping_kind_names[kind]);
 }
 
-/* After a failed registration of the record at base: when the range spans
- * mappings the default flags cannot pin, registers each piece with the flags
- * its mapping needs (READ_ONLY for read-only memory, where the device takes
- * it) and leaves out what no registration can cover. False, changing
- * nothing, when every piece is plainly writable: the failure was the
- * range's own. */
-static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, bool on_worker)
+bool engine_cut_by_mapping_kinds_locked(struct engine *engine, uintptr_t base)
 {
     const struct engine_backend *backend = engine->backend;
     if (backend->mapping_kinds == NULL)
@@ -341,18 +319,15 @@ static bool register_by_pieces_locked(struct engine *engine, uintptr_t base, boo
             engine, range_registry_containing(&engine->registry, pieces.start[i])->base,
             pieces.start[i], pieces.end[i]);
         /* isolate cannot fail: room was reserved. */
-        uintptr_t part_base = part->base;
+        part->kept_start = part->kept_end = 0;
         int kind = pieces.kind[i];
-        if (kind == ENGINE_MAPPING_READ_ONLY && read_only_taken) {
-            part->place.register_flags |= ENGINE_REGISTER_READ_ONLY;
-            register_piece_locked(engine, part_base, on_worker);
-            part = range_registry_find(&engine->registry, part_base);
-            if (part != NULL && part->state == RANGE_REGISTERED)
-                engine_stats(engine)->read_only_registrations++;
-        } else if (kind == ENGINE_MAPPING_WRITABLE) {
-            register_piece_locked(engine, part_base, on_worker);
+        if (kind == ENGINE_MAPPING_WRITABLE ||
+            (kind == ENGINE_MAPPING_READ_ONLY && read_only_taken)) {
+            if (kind == ENGINE_MAPPING_READ_ONLY)
+                part->place.register_flags |= ENGINE_REGISTER_READ_ONLY;
+            engine_set_held_locked(engine, part, RANGE_HELD_NEW);
         } else {
-            skip_piece_locked(engine, part_base, kind, kind == ENGINE_MAPPING_READ_ONLY);
+            hold_piece_locked(engine, part, kind, kind == ENGINE_MAPPING_READ_ONLY);
         }
     }
     return true;
@@ -375,26 +350,23 @@ static void reserve_for_releases_locked(struct engine *engine)
     range_registry_reserve(&engine->registry, RELEASE_RESERVED_SPLITS);
 }
 
-/* Adds records for the pages of [start, end) that no record covers, in
- * chunks of at most max_registration_bytes: registered at once, queued for
- * the registration thread, or pending until the process has a context, as
- * choice and the options say. The op's claim covers [start, end). */
-void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
-                             uintptr_t lock_start, uintptr_t lock_end, enum engine_choice choice,
-                             const struct range_place *place)
+bool engine_track_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
+                               enum engine_choice choice, const struct range_place *place,
+                               enum range_held hold)
 {
     struct engine *engine = op->engine;
     struct range_registry *registry = &engine->registry;
-    if (choice == ENGINE_PLACE_DISABLED || engine->shut_down)
-        return;
     if (engine_stats(engine)->program_registrations != 0)
         engine_mark_program_locked_locked(engine, start, end);
-    uint64_t chunk = engine->options.max_registration_bytes;
-    if (chunk < engine->options.page_size)
-        chunk = engine->options.page_size;
-    chunk &= ~(uint64_t)(engine->options.page_size - 1);
+    struct range_place chosen = *place;
+    if (chosen.register_flags == 0)
+        chosen.register_flags = (uint8_t)engine_normalized_flags(engine->options.register_flags);
+    if (choice != ENGINE_PLACE_READY)
+        chosen.flags |= RANGE_PLACE_DEFERRED;
+    else
+        chosen.flags &= (uint16_t)~RANGE_PLACE_DEFERRED;
     uintptr_t cursor = start;
-    while (cursor < end && !engine->shut_down) {
+    while (cursor < end) {
         uintptr_t gap_start, gap_end = end;
         if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, false, cursor, end,
                                   &gap_start))
@@ -402,43 +374,53 @@ void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t en
         if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start, end,
                                   &gap_end))
             gap_end = end;
-        if (gap_end - gap_start > chunk)
-            gap_end = gap_start + chunk;
         cursor = gap_end;
-
         struct range_record record = {
             .base = gap_start,
             .end = gap_end,
-            .lock_start = lock_start,
-            .lock_end = lock_end,
-            .place = *place,
+            .place = chosen,
+            .state = RANGE_HELD,
+            .held = (uint8_t)hold,
         };
-        if (record.place.register_flags == 0)
-            record.place.register_flags =
-                (uint8_t)engine_normalized_flags(engine->options.register_flags);
-        bool deferred = choice != ENGINE_PLACE_READY;
-        if (deferred)
-            record.state = RANGE_PENDING;
-        else if (engine->options.asynchronous && !(place->flags & RANGE_PLACE_THREAD_CONTEXT))
-            record.state = RANGE_QUEUED;
-        else
-            record.state = RANGE_REGISTERING;
         if (engine_insert_record_locked(engine, &record) == NULL) {
             engine_stats(engine)->counters.register_failed++;
             engine_note_change_locked(engine);
             log_warn("out of memory for the range registry; %#lx + %lu bytes stay unregistered",
                      (unsigned long)gap_start, (unsigned long)(gap_end - gap_start));
-            return;
-        }
-        if (deferred) {
-            engine_stats(engine)->deferred_total++;
-            engine_want_worker_locked(op); /* the watcher */
-        } else if (record.state == RANGE_QUEUED) {
-            engine_want_worker_locked(op);
-        } else {
-            engine_register_record_locked(engine, gap_start, false);
+            return false;
         }
     }
+    if (hold != RANGE_HELD_NEW)
+        return true;
+    /* A plain lock faults every page in: pages an MLOCK_ONFAULT lock left
+     * held are resident now. */
+    for (cursor = start; cursor < end;) {
+        struct range_record *record = range_registry_first_overlap(registry, cursor, end);
+        if (record == NULL)
+            break;
+        cursor = record->end;
+        if (record->state != RANGE_HELD || record->held != RANGE_HELD_ONFAULT)
+            continue;
+        struct range_record *part =
+            engine_isolate_locked(engine, record->base, engine_max_address(record->base, start),
+                                  engine_min_address(record->end, end));
+        if (part != NULL)
+            part->held = RANGE_HELD_NEW;
+    }
+    return true;
+}
+
+void engine_add_range_locked(struct engine_op *op, uintptr_t start, uintptr_t end,
+                             uintptr_t lock_start, uintptr_t lock_end, enum engine_choice choice,
+                             const struct range_place *place, enum range_held hold)
+{
+    struct engine *engine = op->engine;
+    if (choice == ENGINE_PLACE_DISABLED || engine->shut_down)
+        return;
+    engine_track_range_locked(op, start, end, choice, place, hold);
+    engine_lock_bytes_add_locked(engine, engine_max_address(lock_start, start),
+                                 engine_min_address(lock_end, end));
+    engine_settle_locked(op, start, end);
     reserve_for_releases_locked(engine);
 }
 
@@ -459,11 +441,14 @@ static void ticket_add_locked(struct engine *engine, struct engine_ticket *ticke
     }
     piece->start = start;
     piece->end = end;
-    piece->lock_start = record->lock_start;
-    piece->lock_end = record->lock_end;
+    if (record->state == RANGE_PROGRAM) {
+        piece->program_start = record->program_start;
+        piece->program_end = record->program_end;
+    }
     piece->place = record->place;
     piece->state = state;
     piece->program_locked = record->program_locked;
+    piece->held = record->held;
     piece->next = ticket->head;
     ticket->head = piece;
 }
@@ -477,8 +462,23 @@ void engine_ticket_discard_locked(struct engine *engine, struct engine_ticket *t
     }
 }
 
-static uint64_t *reason_counter(struct pinshim_counters *counters, enum release_reason reason)
+/* The call that released the ticket's pieces (and a freed block's bytes)
+ * succeeded: their lock bytes go. */
+static void commit_release_locked(struct engine *engine, struct engine_ticket *ticket,
+                                  const struct release_request *request)
 {
+    if (ticket != NULL) {
+        for (struct engine_piece *piece = ticket->head; piece != NULL; piece = piece->next)
+            engine_lock_bytes_remove_locked(engine, piece->start, piece->end);
+        engine_ticket_discard_locked(engine, ticket);
+    }
+    if (request->block)
+        engine_lock_bytes_remove_locked(engine, request->block_start, request->block_end);
+}
+
+static uint64_t *reason_counter(struct engine *engine, enum release_reason reason)
+{
+    struct pinshim_counters *counters = &engine_stats(engine)->counters;
     switch (reason) {
     case RELEASE_MUNLOCK:
         return &counters->unregister_munlock;
@@ -496,6 +496,8 @@ static uint64_t *reason_counter(struct pinshim_counters *counters, enum release_
         return &counters->unregister_program;
     case RELEASE_MPROTECT:
         return &counters->unregister_mprotect;
+    case RELEASE_JOIN:
+        return &counters->unregister_join;
     case RELEASE_EXIT:
     case RELEASE_REASON_COUNT:
         break;
@@ -511,15 +513,12 @@ static const char *release_reason_name(enum release_reason reason)
         [RELEASE_REALLOC] = "realloc",   [RELEASE_MUNMAP] = "munmap",
         [RELEASE_MREMAP] = "mremap",     [RELEASE_MMAP_FIXED] = "mmap_fixed",
         [RELEASE_EXIT] = "exit",         [RELEASE_PROGRAM] = "the program's own registration",
-        [RELEASE_MPROTECT] = "mprotect",
+        [RELEASE_MPROTECT] = "mprotect", [RELEASE_JOIN] = "a run registered again whole",
     };
     return reason < RELEASE_REASON_COUNT ? names[reason] : "?";
 }
 
-/* Unregisters the REGISTERED record at base (the mutex dropped around the
- * call) and counts it; returns the backend's answer. The record stays, in
- * state UNREGISTERING, for the caller to cut. */
-static struct engine_result unregister_record_locked(struct engine *engine, uintptr_t base,
+struct engine_result engine_unregister_record_locked(struct engine *engine, uintptr_t base,
                                                      enum release_reason reason, bool on_worker)
 {
     struct range_record *record = range_registry_find(&engine->registry, base);
@@ -549,7 +548,7 @@ static struct engine_result unregister_record_locked(struct engine *engine, uint
     counters->live_ranges--;
     engine_note_change_locked(engine);
     counters->live_bytes -= length;
-    (*reason_counter(counters, reason))++;
+    (*reason_counter(engine, reason))++;
     if (result.outcome == ENGINE_OK) {
         counters->unregister_ok++;
         log_info("unregistered %#lx + %lu bytes in %.3f ms", (unsigned long)base,
@@ -578,30 +577,16 @@ static struct engine_result unregister_record_locked(struct engine *engine, uint
     return result;
 }
 
-/* A part of a record left outside a release, after the record's
- * registration was undone: registered again (now, or by the registration
- * thread), since no runtime unregisters part of a registration. */
-static void reregister_part_locked(struct engine_op *op, uintptr_t base)
-{
-    struct engine *engine = op->engine;
-    struct range_record *part = range_registry_find(&engine->registry, base);
-    bool asynchronous =
-        engine->options.asynchronous && !(part->place.flags & RANGE_PLACE_THREAD_CONTEXT);
-    engine_set_state_locked(engine, part, asynchronous ? RANGE_QUEUED : RANGE_REGISTERING);
-    if (asynchronous)
-        engine_want_worker_locked(op);
-    else
-        engine_register_record_locked(engine, base, false);
-}
-
-/* Releases the part [start, end) of the record at base. */
+/* Releases the part [start, end) of the record at base. What is left of a
+ * registered record is held, to be registered again as its run says (no
+ * runtime unregisters part of a registration). */
 static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t start,
                                 uintptr_t end, const struct release_request *request)
 {
     struct engine *engine = op->engine;
     struct range_record *record = range_registry_find(&engine->registry, base);
     uint8_t state = record->state;
-    if (state == RANGE_PENDING || state == RANGE_QUEUED || state == RANGE_PROGRAM) {
+    if (state != RANGE_REGISTERED) {
         /* Nothing was registered by the shim: no backend call. */
         struct range_record *part = engine_isolate_locked(engine, base, start, end);
         if (part == NULL) {
@@ -627,7 +612,8 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
         start = whole_start; /* cannot split: the whole registration goes */
         end = whole_end;
     }
-    struct engine_result result = unregister_record_locked(engine, base, request->reason, false);
+    struct engine_result result =
+        engine_unregister_record_locked(engine, base, request->reason, false);
     bool can_reregister = result.outcome == ENGINE_OK || result.outcome == ENGINE_NOT_REGISTERED;
     if (!can_reregister || request->reason == RELEASE_EXIT) {
         /* The runtime may still hold it: registering parts again would
@@ -639,56 +625,53 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
     struct range_record *part = engine_isolate_locked(engine, base, start, end);
     /* isolate cannot fail here: room was reserved. */
     engine_remove_record_locked(engine, part->base);
-    if (whole_start < start)
-        reregister_part_locked(op, whole_start);
-    if (end < whole_end)
-        reregister_part_locked(op, end);
-}
-
-/* Whether another lock still needs page q of the record at base (a page the
- * free of a block would release): the neighbouring records hold the locks
- * made after this record covered the page, and one of them locked bytes of
- * q outside the freed block. free does not unlock, so such a page stays
- * locked, and registered. *needed_by gets that lock's bytes. */
-static bool another_lock_needs_page_locked(struct engine *engine, const struct range_record *record,
-                                           uintptr_t q, const struct release_request *request,
-                                           uintptr_t needed_by[2])
-{
-    uintptr_t q_end = q + engine->options.page_size;
-    const struct range_record *neighbours[2] = {
-        record->base > 0 ? range_registry_containing(&engine->registry, record->base - 1) : NULL,
-        range_registry_containing(&engine->registry, record->end)};
+    uintptr_t rests[2] = {whole_start < start ? whole_start : 0, end < whole_end ? end : 0};
     for (int i = 0; i < 2; i++) {
-        const struct range_record *other = neighbours[i];
-        if (other == NULL || other->state == RANGE_PROGRAM)
+        if (rests[i] == 0)
             continue;
-        uintptr_t from = engine_max_address(other->lock_start, q);
-        uintptr_t to = engine_min_address(other->lock_end, q_end);
-        /* Locked bytes of q that the freed block does not hold. */
-        if (from < to && (from < request->block_start || to > request->block_end)) {
-            needed_by[0] = other->lock_start;
-            needed_by[1] = other->lock_end;
-            return true;
-        }
+        struct range_record *rest = range_registry_find(&engine->registry, rests[i]);
+        rest->kept_start = rest->kept_end = 0;
+        engine_set_held_locked(engine, rest, RANGE_HELD_NEW);
     }
-    return false;
 }
 
-/* Releases every record overlapping request's pages (for a block: as the
- * block rule says). The op's claim covers them and the records around. */
+/* Whether the page at page holds lock bytes outside the block [start, end). */
+static bool page_keeps_other_bytes(struct engine *engine, uintptr_t page, uintptr_t start,
+                                   uintptr_t end)
+{
+    uintptr_t page_end = page + engine->options.page_size;
+    return lock_bytes_any(&engine->lock_bytes, page, engine_min_address(start, page_end)) ||
+           lock_bytes_any(&engine->lock_bytes, engine_max_address(end, page), page_end);
+}
+
+/* Releases every record overlapping request's pages (for a block: those
+ * the block rule gives back), then settles the runs around them. The op's
+ * claim covers them and the runs they are in. */
 void engine_release_locked(struct engine_op *op, const struct release_request *request)
 {
     struct engine *engine = op->engine;
-    uintptr_t cursor = request->start;
     uintptr_t page = engine->options.page_size;
-    while (cursor < request->end) {
+    uintptr_t release_start = request->start, release_end = request->end;
+    if (request->block && release_start < release_end) {
+        /* Every page the block touches goes, but for a first or last page
+         * that holds lock bytes of other memory: a neighbour's lock that
+         * shares it, which free does not undo. */
+        if (page_keeps_other_bytes(engine, release_start, request->block_start, request->block_end))
+            release_start += page;
+        if (release_start < release_end &&
+            page_keeps_other_bytes(engine, release_end - page, request->block_start,
+                                   request->block_end))
+            release_end -= page;
+    }
+    uintptr_t cursor = release_start;
+    while (cursor < release_end) {
         struct range_record *record =
-            range_registry_first_overlap(&engine->registry, cursor, request->end);
+            range_registry_first_overlap(&engine->registry, cursor, release_end);
         if (record == NULL)
             break;
         uintptr_t base = record->base, record_end = record->end;
-        uintptr_t start = engine_max_address(base, request->start);
-        uintptr_t end = engine_min_address(record_end, request->end);
+        uintptr_t start = engine_max_address(base, release_start);
+        uintptr_t end = engine_min_address(record_end, release_end);
         cursor = record_end;
         if (record->state == RANGE_PROGRAM &&
             (request->reason == RELEASE_MUNLOCK || request->reason == RELEASE_EXIT ||
@@ -704,57 +687,17 @@ void engine_release_locked(struct engine_op *op, const struct release_request *r
             }
             continue;
         }
-        if (request->block && !engine_ranges_overlap(record->lock_start, record->lock_end,
-                                                     request->block_start, request->block_end)) {
-            /* Registered for other memory: only the pages the block covers
-             * whole can go back to the allocator; a page it shares with a
-             * live neighbour cannot. */
-            uintptr_t inner_start = (request->block_start + page - 1) & ~(page - 1);
-            uintptr_t inner_end = request->block_end & ~(page - 1);
-            start = engine_max_address(start, inner_start);
-            end = engine_min_address(end, inner_end);
-            if (start >= end)
-                continue;
-        }
-        /* The block's own lock: every page it touches goes, but for a first
-         * or last page that a neighbour's lock still needs. That page stays,
-         * now the neighbour's (its lock bytes, for the frees to come). */
-        uintptr_t kept[2] = {0, 0}, kept_lock[2][2];
-        if (request->block && start < end &&
-            another_lock_needs_page_locked(engine, record, start, request, kept_lock[0])) {
-            kept[0] = start;
-            start += page;
-        }
-        if (request->block && start < end &&
-            another_lock_needs_page_locked(engine, record, end - page, request, kept_lock[1])) {
-            kept[1] = end - page;
-            end -= page;
-        }
-        if (start < end)
-            release_part_locked(op, base, start, end, request);
-        for (int i = 0; i < 2; i++) {
-            /* The kept page is now a registration of its own (the rest of
-             * the record was registered again around the released pages),
-             * unless registering it failed; then it takes the neighbour's
-             * lock bytes. A kept page inside a larger rest (the block was
-             * one of several in the record's lock) keeps the record's. */
-            struct range_record *part =
-                kept[i] != 0 ? range_registry_containing(&engine->registry, kept[i]) : NULL;
-            if (part != NULL && part->base == kept[i] && part->end == kept[i] + page) {
-                part->lock_start = kept_lock[i][0];
-                part->lock_end = kept_lock[i][1];
-                engine_window_refresh_locked(engine, kept[i], kept[i] + page);
-            }
-        }
+        release_part_locked(op, base, start, end, request);
     }
+    if (request->reason != RELEASE_EXIT)
+        engine_settle_locked(op, request->start, request->end);
 }
 
-/* Registers again (or queues, or keeps pending) the ticket's pieces, clipped
- * to [clip_start, clip_end); only the parts is_wanted accepts when given. */
 void engine_restore_locked(struct engine_op *op, struct engine_ticket *ticket, uintptr_t clip_start,
                            uintptr_t clip_end, bool only_mapped)
 {
     struct engine *engine = op->engine;
+    uintptr_t low = UINTPTR_MAX, high = 0;
     for (struct engine_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
         uintptr_t start = engine_max_address(piece->start, clip_start);
         uintptr_t end = engine_min_address(piece->end, clip_end);
@@ -763,46 +706,71 @@ void engine_restore_locked(struct engine_op *op, struct engine_ticket *ticket, u
         if (only_mapped && engine->backend->is_mapped != NULL &&
             !engine->backend->is_mapped(engine->backend->context, start, end))
             continue;
+        low = engine_min_address(low, start);
+        high = engine_max_address(high, end);
         if (piece->state == RANGE_PROGRAM) {
             /* The call failed: the memory, and the program's registration of
              * it, are still there. */
             struct range_record record = {.base = start,
                                           .end = end,
-                                          .lock_start = piece->lock_start,
-                                          .lock_end = piece->lock_end,
+                                          .program_start = piece->program_start,
+                                          .program_end = piece->program_end,
                                           .place = piece->place,
                                           .state = RANGE_PROGRAM,
                                           .program_locked = piece->program_locked};
             engine_insert_record_locked(engine, &record);
             continue;
         }
+        /* As it was: what holds its run keeps holding it; the rest is new,
+         * and its run says what it becomes. */
+        enum range_held hold = RANGE_HELD_NEW;
+        if (piece->state == RANGE_HELD &&
+            (piece->held == RANGE_HELD_ONFAULT || piece->held == RANGE_HELD_REFUSED ||
+             piece->held == RANGE_HELD_NO_ACCESS))
+            hold = (enum range_held)piece->held;
         enum engine_choice choice =
-            piece->state == RANGE_PENDING ? ENGINE_PLACE_DEFER : ENGINE_PLACE_READY;
-        engine_add_range_locked(op, start, end, piece->lock_start, piece->lock_end, choice,
-                                &piece->place);
+            piece->state == RANGE_PENDING || (piece->place.flags & RANGE_PLACE_DEFERRED)
+                ? ENGINE_PLACE_DEFER
+                : ENGINE_PLACE_READY;
+        engine_track_range_locked(op, start, end, choice, &piece->place, hold);
     }
     engine_ticket_discard_locked(engine, ticket);
+    if (low < high)
+        engine_settle_locked(op, low, high);
 }
 
 /* ---- entry points ---- */
 
-struct onfault_context {
-    struct engine_op *op;
-    uintptr_t lock_start, lock_end;
-    enum engine_choice choice;
-    const struct range_place *place;
-    uint64_t resident_pages;
-};
-
-static void register_resident_part(void *context, uintptr_t start, uintptr_t end)
+static void count_resident_part(void *context, uintptr_t start, uintptr_t end)
 {
-    struct onfault_context *onfault = context;
-    struct engine *engine = onfault->op->engine;
-    onfault->resident_pages += (end - start) / engine->options.page_size;
-    pthread_mutex_lock(&engine->mutex);
-    engine_add_range_locked(onfault->op, start, end, onfault->lock_start, onfault->lock_end,
-                            onfault->choice, onfault->place);
-    pthread_mutex_unlock(&engine->mutex);
+    *(uint64_t *)context += end - start;
+}
+
+/* What an MLOCK_ONFAULT lock of [start, end) leaves: held (ONFAULT) unless
+ * PINSHIM_ONFAULT says to register it whole, or every page is resident.
+ * Called without the mutex. */
+static enum range_held onfault_hold(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    uint64_t total = end - start, resident = 0;
+    if (engine->options.onfault == ENGINE_ONFAULT_ALL)
+        return RANGE_HELD_NEW;
+    if (engine->options.onfault == ENGINE_ONFAULT_RESIDENT) {
+        if (engine->backend->resident_parts == NULL)
+            return RANGE_HELD_NEW;
+        engine->backend->resident_parts(engine->backend->context, start, end, count_resident_part,
+                                        &resident);
+        if (resident >= total)
+            return RANGE_HELD_NEW;
+    }
+    __atomic_fetch_add(&engine_stats(engine)->skipped_onfault_pages,
+                       (total - resident) / engine->options.page_size, __ATOMIC_RELAXED);
+    if (!(__atomic_fetch_or(&engine->warned_runs, ENGINE_WARNED_HELD_ONFAULT, __ATOMIC_RELAXED) &
+          ENGINE_WARNED_HELD_ONFAULT))
+        log_info("mlock2(MLOCK_ONFAULT) left %lu of %lu bytes at %#lx not resident: the run of "
+                 "locked pages they are in stays unregistered until they are locked whole "
+                 "(PINSHIM_ONFAULT; logged once)",
+                 (unsigned long)(total - resident), (unsigned long)total, (unsigned long)start);
+    return RANGE_HELD_ONFAULT;
 }
 
 long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned flags,
@@ -810,51 +778,39 @@ long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned 
 {
     if (!engine_active(engine))
         return engine_run_plain(call);
-    if (length < engine->options.min_bytes) {
-        engine_count(&engine_stats(engine)->skipped_small);
-        return engine_run_plain(call);
-    }
     uintptr_t start, end;
     if (!engine_byte_range_pages(engine, addr, length, &start, &end)) {
         engine_count(&engine_stats(engine)->skipped_address);
         return engine_run_plain(call);
     }
-    bool onfault = (flags & ENGINE_LOCK_ONFAULT) != 0;
-    if (onfault && engine->options.onfault == ENGINE_ONFAULT_SKIP) {
-        __atomic_fetch_add(&engine_stats(engine)->skipped_onfault_pages,
-                           (end - start) / engine->options.page_size, __ATOMIC_RELAXED);
-        return engine_run_plain(call);
-    }
-
     struct engine_op op;
     engine_op_begin(&op, engine, call->name);
-    engine_claim_locked(&op, &start, &end, 1, false, false);
+    engine_claim_locked(&op, &start, &end, 1, true, false);
     engine_prefetch_locked(engine, start, end); /* arrives during the real call */
     int call_errno;
     long result = engine_op_run(&op, call, &call_errno);
     if (result == 0 && !engine->shut_down) {
         pthread_mutex_unlock(&engine->mutex);
+        /* A lock below min_bytes asks the runtime nothing (a process that
+         * locks only small things never loads one): its place is chosen if
+         * its run grows large enough to be registered. */
         struct range_place place = {.device = -1};
         enum engine_choice choice =
-            engine->backend->choose_place(engine->backend->context, false, NULL, &place);
+            length < engine->options.min_bytes
+                ? ENGINE_PLACE_DEFER
+                : engine->backend->choose_place(engine->backend->context, false, NULL, &place);
+        enum range_held hold = RANGE_HELD_NEW;
+        if (choice != ENGINE_PLACE_DISABLED && (flags & ENGINE_LOCK_ONFAULT))
+            hold = onfault_hold(engine, start, end);
+        pthread_mutex_lock(&engine->mutex);
         if (choice == ENGINE_PLACE_DISABLED) {
             engine_count(&engine_stats(engine)->skipped_disabled);
-        } else if (onfault && engine->options.onfault == ENGINE_ONFAULT_RESIDENT &&
-                   engine->backend->resident_parts != NULL) {
-            /* Only what is resident: registering faults pages in, and
-             * MLOCK_ONFAULT asked to keep resident only what is touched. */
-            struct onfault_context context = {&op, addr, addr + length, choice, &place, 0};
-            engine->backend->resident_parts(engine->backend->context, start, end,
-                                            register_resident_part, &context);
-            __atomic_fetch_add(&engine_stats(engine)->skipped_onfault_pages,
-                               (end - start) / engine->options.page_size - context.resident_pages,
-                               __ATOMIC_RELAXED);
         } else {
-            pthread_mutex_lock(&engine->mutex);
-            engine_add_range_locked(&op, start, end, addr, addr + length, choice, &place);
-            pthread_mutex_unlock(&engine->mutex);
+            engine_add_range_locked(&op, start, end, addr, addr + length, choice, &place, hold);
+            struct range_record *record = range_registry_containing(&engine->registry, start);
+            if (length < engine->options.min_bytes && record != NULL && record->state == RANGE_HELD)
+                engine_count(&engine_stats(engine)->skipped_small);
         }
-        pthread_mutex_lock(&engine->mutex);
     }
     engine_op_end(&op);
     errno = call_errno;
@@ -866,16 +822,23 @@ long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, boo
 {
     uintptr_t start = 0, end = 0;
     if (!engine_active(engine) ||
-        (replaces && !engine_byte_range_pages(engine, fixed_start, length, &start, &end)))
-        return engine_run_plain(call);
-    if (replaces && !locks && !engine_may_overlap(engine, start, end))
-        return engine_run_plain(call);
+        (replaces && !engine_byte_range_pages(engine, fixed_start, length, &start, &end)) ||
+        (replaces && !locks && !engine_may_overlap(engine, start, end))) {
+        long result = engine_run_plain(call);
+        uintptr_t map_start, map_end;
+        if (result != -1 &&
+            engine_byte_range_pages(engine, (uintptr_t)result, length, &map_start, &map_end))
+            mapping_bounds_note_mapped(engine->bounds, map_start, map_end);
+        return result;
+    }
     struct engine_op op;
     engine_op_begin(&op, engine, call->name);
     struct engine_ticket ticket = {0};
+    struct release_request request = {start, end, RELEASE_MMAP_FIXED, &ticket, false, 0, 0};
     if (replaces) {
         engine_claim_locked(&op, &start, &end, 1, true, false);
-        struct release_request request = {start, end, RELEASE_MMAP_FIXED, &ticket, false, 0, 0};
+        request.start = start;
+        request.end = end;
         engine_release_locked(&op, &request);
     }
     int call_errno;
@@ -885,10 +848,14 @@ long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, boo
         /* MAP_FIXED may have unmapped the old pages before failing. */
         engine_restore_locked(&op, &ticket, 0, UINTPTR_MAX, true);
     } else {
-        engine_ticket_discard_locked(engine, &ticket);
+        commit_release_locked(engine, &ticket, &request);
         uintptr_t map_start, map_end;
-        if (locks && length >= engine->options.min_bytes &&
-            engine_byte_range_pages(engine, (uintptr_t)result, length, &map_start, &map_end)) {
+        bool pages =
+            engine_byte_range_pages(engine, (uintptr_t)result, length, &map_start, &map_end);
+        /* A new object: its locked pages join no neighbour's run. */
+        if (pages)
+            mapping_bounds_note_mapped(engine->bounds, map_start, map_end);
+        if (locks && pages) {
             pthread_mutex_unlock(&engine->mutex);
             struct range_place place = {.device = -1};
             enum engine_choice choice =
@@ -902,9 +869,7 @@ long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, boo
                      (op.slot < 0 ? engine_claim_locked(&op, &map_start, &map_end, 1, false, true)
                                   : engine_claim_more_locked(&op, map_start, map_end)))
                 engine_add_range_locked(&op, map_start, map_end, (uintptr_t)result,
-                                        (uintptr_t)result + length, choice, &place);
-        } else if (locks && length < engine->options.min_bytes) {
-            engine_count(&engine_stats(engine)->skipped_small);
+                                        (uintptr_t)result + length, choice, &place, RANGE_HELD_NEW);
         }
     }
     engine_op_end(&op);
@@ -947,7 +912,8 @@ long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
     struct engine_op op;
     engine_op_begin(&op, engine, call->name);
     engine_prefetch_locked(engine, start, end);
-    engine_claim_locked(&op, &start, &end, 1, true, false);
+    uintptr_t claim_start = start, claim_end = end;
+    engine_claim_locked(&op, &claim_start, &claim_end, 1, true, false);
     struct engine_ticket ticket = {0};
     struct release_request request = {start, end, reason, &ticket, false, 0, 0};
     engine_release_locked(&op, &request);
@@ -959,11 +925,16 @@ long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
             pthread_mutex_unlock(&engine->mutex);
             still_locked_from = first_unmapped_page(engine, start, end);
             pthread_mutex_lock(&engine->mutex);
+            /* What was unlocked up to the hole is released for good. */
+            for (struct engine_piece *piece = ticket.head; piece != NULL; piece = piece->next)
+                if (piece->start < still_locked_from)
+                    engine_lock_bytes_remove_locked(
+                        engine, piece->start, engine_min_address(piece->end, still_locked_from));
         }
         engine_restore_locked(&op, &ticket, still_locked_from, UINTPTR_MAX,
                               failure == ENGINE_FAILED_MAY_HAVE_UNMAPPED);
     } else {
-        engine_ticket_discard_locked(engine, &ticket);
+        commit_release_locked(engine, &ticket, &request);
     }
     engine_op_end(&op);
     errno = call_errno;
@@ -981,7 +952,8 @@ long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
     struct engine_op op;
     engine_op_begin(&op, engine, call->name);
     engine_prefetch_locked(engine, pages_start, pages_end);
-    engine_claim_locked(&op, &pages_start, &pages_end, 1, true, false);
+    uintptr_t claim_start = pages_start, claim_end = pages_end;
+    engine_claim_locked(&op, &claim_start, &claim_end, 1, true, false);
     struct engine_ticket ticket = {0};
     struct release_request request = {pages_start, pages_end, reason, can_fail ? &ticket : NULL,
                                       true,        start,     end};
@@ -991,13 +963,13 @@ long engine_release_block(struct engine *engine, uintptr_t start, uintptr_t end,
     if (can_fail && result == 0)
         engine_restore_locked(&op, &ticket, 0, UINTPTR_MAX, false); /* the block is as it was */
     else
-        engine_ticket_discard_locked(engine, &ticket);
+        commit_release_locked(engine, can_fail ? &ticket : NULL, &request);
     engine_op_end(&op);
     errno = call_errno;
     return result;
 }
 
-long engine_protect(struct engine *engine, uintptr_t start, uintptr_t end,
+long engine_protect(struct engine *engine, uintptr_t start, uintptr_t end, bool writable,
                     const struct engine_call *call)
 {
     if (!engine_active(engine) || start >= end || end > PAGE_INDEX_LIMIT ||
@@ -1005,15 +977,16 @@ long engine_protect(struct engine *engine, uintptr_t start, uintptr_t end,
         return engine_run_plain(call);
     struct engine_op op;
     engine_op_begin(&op, engine, call->name);
-    engine_claim_locked(&op, &start, &end, 1, true, false);
+    uintptr_t claim_start = start, claim_end = end;
+    engine_claim_locked(&op, &claim_start, &claim_end, 1, true, false);
     /* The READ_ONLY registrations there (not the user's PINSHIM_FLAGS=readonly)
-     * go before the call; the parts outside it are registered again as they
-     * were. */
+     * go before the call when it makes them writable; the parts outside it
+     * are registered again as their runs say. */
     bool forced = engine->options.register_flags & ENGINE_REGISTER_READ_ONLY;
     struct engine_ticket ticket = {0};
     struct release_request request = {start, end, RELEASE_MPROTECT, &ticket, false, 0, 0};
     uintptr_t cursor = start;
-    while (!forced && cursor < end) {
+    while (writable && !forced && cursor < end) {
         struct range_record *record = range_registry_first_overlap(&engine->registry, cursor, end);
         if (record == NULL)
             break;
@@ -1028,10 +1001,33 @@ long engine_protect(struct engine *engine, uintptr_t start, uintptr_t end,
     long result = engine_op_run(&op, call, &call_errno);
     if (result == 0) {
         /* Writable now: registered with the flags chosen for writable memory. */
-        for (struct engine_piece *piece = ticket.head; piece != NULL; piece = piece->next)
+        for (struct engine_piece *piece = ticket.head; piece != NULL && writable;
+             piece = piece->next)
             piece->place.register_flags = 0;
+        /* Pages that no registration could cover for their protection may
+         * be registrable now: their runs are looked at again. */
+        for (cursor = start; cursor < end;) {
+            struct range_record *record =
+                range_registry_first_overlap(&engine->registry, cursor, end);
+            if (record == NULL)
+                break;
+            cursor = record->end;
+            if (record->state == RANGE_HELD && (record->held == RANGE_HELD_NO_ACCESS ||
+                                                (writable && record->held == RANGE_HELD_REFUSED))) {
+                struct range_record *part = engine_isolate_locked(
+                    engine, record->base, engine_max_address(record->base, start),
+                    engine_min_address(record->end, end));
+                if (part != NULL) {
+                    part->held = RANGE_HELD_NEW;
+                    if (writable)
+                        part->place.register_flags =
+                            (uint8_t)engine_normalized_flags(engine->options.register_flags);
+                }
+            }
+        }
     }
     engine_restore_locked(&op, &ticket, 0, UINTPTR_MAX, false);
+    engine_settle_locked(&op, start, end);
     engine_op_end(&op);
     errno = call_errno;
     return result;

@@ -1,6 +1,7 @@
-/* The engine's records: inserting, splitting and removing them, with the
- * lock-free views the fast paths read kept in step (the free window, the
- * span, the record count) and the counts of queued and pending records. */
+/* The engine's records: inserting, splitting, joining and removing them,
+ * with the lock-free views the fast paths read kept in step (the free
+ * window, the span, the record count), the counts of queued, pending and
+ * held records, and the lock bytes the free window is computed from. */
 #include "engine_internal.h"
 
 #include "internal_alloc.h"
@@ -20,58 +21,43 @@ static void publish_record_count(struct engine *engine)
 /* ---- the free window's map (see struct engine_free_view) ----
  *
  * A block is in danger when its free would release registered pages. By the
- * free rule (engine_release_block) a record loses pages to a freed block
- * when the block holds bytes its lock asked for (then every page the block
- * touches), or holds one of its pages whole. Every page of a record holds
- * bytes of its lock (records are made for the uncovered pages of the lock's
- * own pages), so a block that holds a whole page holds lock bytes too: a
- * block is in danger exactly when it overlaps some record's lock bytes
- * within that record's pages (record_danger). The map gives, for each 4 KiB
- * granule g, the distance D in bytes from g's start to the first byte in
- * danger at or after it (capped at ENGINE_WINDOW_LIMIT), as
- * ENGINE_WINDOW_LIMIT - D; free adds it to the block's offset in g and its
- * length and compares with the limit. Where danger covers g's start and
- * ends inside g (a lock's last, partial page, whose other bytes hold the
- * next blocks), the entry keeps that end b and the distance to the next
- * danger after it instead (engine_window_after_entry): the one-add check
- * fails there, and a second look clears a block that starts at or after b
- * and ends before that next danger.
+ * free rule (engine_release_block) a freed block releases the pages it
+ * touches but those that keep lock bytes of other memory, and every page a
+ * record covers holds lock bytes (lock_bytes.h: the bytes of the locks that
+ * made the records, and of the program's own registrations), so a block is
+ * in danger exactly when it holds lock bytes. The map gives, for each 4 KiB
+ * granule g, the distance D in bytes from g's start to the first lock byte
+ * at or after it (capped at ENGINE_WINDOW_LIMIT), as ENGINE_WINDOW_LIMIT - D;
+ * free adds it to the block's offset in g and its length and compares with
+ * the limit. Where lock bytes cover g's start and end inside g (a lock's
+ * last, partial page, whose other bytes hold the next blocks), the entry
+ * keeps that end b and the distance to the next lock byte after it instead
+ * (engine_window_after_entry): the one-add check fails there, and a second
+ * look clears a block that starts at or after b and ends before that next
+ * lock byte.
  *
  * Only a thread holding the engine's mutex writes the map, with relaxed
- * atomic stores of whole entries, each computed from the registry as it is
- * now; readers load entries without synchronisation. A reader may see a mix
- * of entries from before and after a change, each of which held at some
+ * atomic stores of whole entries, each computed from the lock bytes as they
+ * are now; readers load entries without synchronisation. A reader may see a
+ * mix of entries from before and after a change, each of which held at some
  * moment: the danger a change adds is that of memory being locked (a free
  * of it races the program's own lock), and what a change removes was being
- * released by the operation making it. */
+ * released by the operation making it. Lock bytes are taken away only once
+ * the call that released their pages succeeded, so the map may keep a
+ * danger a little longer than its records: such a block is sent on to the
+ * full check, which finds no record. */
 
 struct danger {
     uintptr_t start, end; /* end 0: none */
 };
 
-/* The bytes of a record's lock inside its own pages. */
-static struct danger record_danger(const struct range_record *record)
-{
-    uintptr_t start = engine_max_address(record->lock_start, record->base);
-    uintptr_t end = engine_min_address(record->lock_end, record->end);
-    return start < end ? (struct danger){start, end} : (struct danger){0, 0};
-}
-
-/* The first danger that ends after from (it may start before), among the
- * records below limit; end 0 when there is none. */
+/* The first lock bytes that end after from (they may start before), among
+ * those starting below limit; end 0 when there are none. */
 static struct danger next_danger(struct engine *engine, uintptr_t from, uintptr_t limit)
 {
-    uintptr_t cursor = from;
-    while (cursor < limit) {
-        struct range_record *record =
-            range_registry_first_overlap(&engine->registry, cursor, limit);
-        if (record == NULL)
-            break;
-        struct danger danger = record_danger(record);
-        if (danger.end > from)
-            return danger;
-        cursor = record->end;
-    }
+    uintptr_t start, end;
+    if (lock_bytes_next(&engine->lock_bytes, from, &start, &end) && start < limit)
+        return (struct danger){start, end};
     return (struct danger){0, 0};
 }
 
@@ -298,23 +284,28 @@ struct engine_waiting *engine_waiting_pop_locked(struct engine_waiting **head,
     return entry;
 }
 
-/* Keeps the counts of queued and pending records (read without the lock by
- * the worker checks) and their lists in step with a record entering (sign 1)
- * or leaving (-1) a state. */
-void engine_account_state_locked(struct engine *engine, const struct range_record *record, int sign)
+/* Keeps the counts and lists of queued, pending and held records in step:
+ * ranges records enter (sign 1) or leave (-1) the record's state, with
+ * bytes of them; a split or a join moves no bytes. */
+static void account_locked(struct engine *engine, const struct range_record *record, int sign,
+                           uint64_t bytes, bool listed)
 {
-    uint64_t bytes = record->end - record->base;
+    size_t ranges = (size_t)(long)sign;
+    uint64_t signed_bytes = sign > 0 ? bytes : (uint64_t)0 - bytes;
     if (record->state == RANGE_QUEUED) {
-        __atomic_store_n(&engine->queued_ranges, engine->queued_ranges + (size_t)(long)sign,
-                         __ATOMIC_RELAXED);
-        if (sign > 0)
+        __atomic_store_n(&engine->queued_ranges, engine->queued_ranges + ranges, __ATOMIC_RELAXED);
+        if (sign > 0 && listed)
             waiting_push_locked(engine, &engine->queue_head, &engine->queue_tail, record->base);
     } else if (record->state == RANGE_PENDING) {
-        __atomic_store_n(&engine->pending_ranges, engine->pending_ranges + (size_t)(long)sign,
+        __atomic_store_n(&engine->pending_ranges, engine->pending_ranges + ranges,
                          __ATOMIC_RELAXED);
-        engine->pending_bytes += sign > 0 ? bytes : (uint64_t)0 - bytes;
-        if (sign > 0)
+        engine->pending_bytes += signed_bytes;
+        if (sign > 0 && listed)
             waiting_push_locked(engine, &engine->pending_head, &engine->pending_tail, record->base);
+    } else if (record->state == RANGE_HELD) {
+        engine_stats(engine)->held_ranges += ranges;
+        engine_stats(engine)->held_bytes += signed_bytes;
+        return;
     } else {
         return;
     }
@@ -326,12 +317,25 @@ void engine_account_state_locked(struct engine *engine, const struct range_recor
     engine_note_change_locked(engine);
 }
 
+void engine_account_state_locked(struct engine *engine, const struct range_record *record, int sign)
+{
+    account_locked(engine, record, sign, record->end - record->base, true);
+}
+
 void engine_set_state_locked(struct engine *engine, struct range_record *record,
                              enum range_state state)
 {
     engine_account_state_locked(engine, record, -1);
     record->state = (uint8_t)state;
     engine_account_state_locked(engine, record, 1);
+}
+
+void engine_set_held_locked(struct engine *engine, struct range_record *record,
+                            enum range_held reason)
+{
+    if (record->state != RANGE_HELD)
+        engine_set_state_locked(engine, record, RANGE_HELD);
+    record->held = (uint8_t)reason;
 }
 
 struct range_record *engine_insert_record_locked(struct engine *engine,
@@ -342,7 +346,6 @@ struct range_record *engine_insert_record_locked(struct engine *engine,
     if (stored == NULL)
         return NULL;
     window_place(engine, record->base);
-    engine_window_refresh_locked(engine, record->base, record->end);
     publish_record_count(engine);
     __atomic_store_n(engine->gate, engine->span_end - 1, __ATOMIC_RELAXED);
     engine_account_state_locked(engine, stored, 1);
@@ -355,9 +358,7 @@ void engine_remove_record_locked(struct engine *engine, uintptr_t base)
     if (record == NULL)
         return;
     engine_account_state_locked(engine, record, -1);
-    uintptr_t end = record->end;
     range_registry_remove(&engine->registry, base);
-    engine_window_refresh_locked(engine, base, end);
     publish_record_count(engine);
 }
 
@@ -376,13 +377,75 @@ struct range_record *engine_isolate_locked(struct engine *engine, uintptr_t base
         return NULL;
     if (start > record->base) {
         record = range_registry_split(registry, record->base, start);
-        engine_account_state_locked(engine, record, 1);
+        account_locked(engine, record, 1, 0, true);
     }
     if (end < record->end) {
         struct range_record *right = range_registry_split(registry, record->base, end);
-        engine_account_state_locked(engine, right, 1);
+        account_locked(engine, right, 1, 0, true);
         record = range_registry_find(registry, start);
     }
     publish_record_count(engine);
     return record;
+}
+
+struct range_record *engine_join_locked(struct engine *engine, uintptr_t base)
+{
+    struct range_record *left = range_registry_find(&engine->registry, base);
+    struct range_record *right =
+        left != NULL ? range_registry_find(&engine->registry, left->end) : NULL;
+    if (right == NULL)
+        return NULL;
+    account_locked(engine, right, -1, 0, false);
+    left = range_registry_join(&engine->registry, base);
+    publish_record_count(engine);
+    return left;
+}
+
+/* ---- lock bytes ---- */
+
+static void refresh_bytes_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    uintptr_t mask = PAGE_INDEX_GRANULE - 1;
+    uintptr_t last = (end + mask) & ~mask;
+    engine_window_refresh_locked(engine, start & ~mask, last < end ? UINTPTR_MAX & ~mask : last);
+}
+
+void engine_lock_bytes_add_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    if (start >= end)
+        return;
+    if (!lock_bytes_add(&engine->lock_bytes, start, end)) {
+        static int warned;
+        if (__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED) == 0)
+            log_warn("out of memory recording the bytes of a lock at %#lx; a free of memory "
+                     "beside it may release its pages early (warned once)",
+                     (unsigned long)start);
+        return;
+    }
+    refresh_bytes_locked(engine, start, end);
+}
+
+void engine_lock_bytes_remove_locked(struct engine *engine, uintptr_t start, uintptr_t end)
+{
+    if (start >= end || !lock_bytes_any(&engine->lock_bytes, start, end))
+        return;
+    lock_bytes_remove(&engine->lock_bytes, start, end);
+    refresh_bytes_locked(engine, start, end);
+}
+
+void engine_lock_bytes_move_locked(struct engine *engine, uintptr_t old_start, uintptr_t old_end,
+                                   uintptr_t new_start)
+{
+    /* Moves never overlap their source (mremap refuses that), so each
+     * range can be taken away and added at its new place in turn. */
+    uintptr_t cursor = old_start, start, end;
+    while (cursor < old_end && lock_bytes_next(&engine->lock_bytes, cursor, &start, &end) &&
+           start < old_end) {
+        uintptr_t from = engine_max_address(start, old_start);
+        uintptr_t to = engine_min_address(end, old_end);
+        engine_lock_bytes_remove_locked(engine, from, to);
+        engine_lock_bytes_add_locked(engine, new_start + (from - old_start),
+                                     new_start + (to - old_start));
+        cursor = to;
+    }
 }

@@ -14,13 +14,39 @@
 #define MREMAP_DONTUNMAP 4
 #endif
 
-/* Registers at new_start what the ticket released in [old_start, old_end): a
- * moved or resized locked mapping stays locked (Linux carries VM_LOCKED with
- * the mapping), and growth of a locked mapping is locked too. */
+/* How a moved piece is tracked at its new place: as it was. */
+static enum engine_choice piece_choice(const struct engine_piece *piece)
+{
+    return piece->state == RANGE_PENDING || (piece->place.flags & RANGE_PLACE_DEFERRED)
+               ? ENGINE_PLACE_DEFER
+               : ENGINE_PLACE_READY;
+}
+
+static enum range_held piece_hold(const struct engine_piece *piece)
+{
+    if (piece->state == RANGE_HELD &&
+        (piece->held == RANGE_HELD_ONFAULT || piece->held == RANGE_HELD_REFUSED ||
+         piece->held == RANGE_HELD_NO_ACCESS))
+        return (enum range_held)piece->held;
+    return RANGE_HELD_NEW;
+}
+
+/* Tracks at new_start what the ticket released in [old_start, old_end), with
+ * its lock bytes: a moved or resized locked mapping stays locked (Linux
+ * carries VM_LOCKED with the mapping), and growth of a locked mapping is
+ * locked too. Then the runs there are settled. */
 static void register_moved_locked(struct engine_op *op, struct engine_ticket *ticket,
                                   uintptr_t old_start, uintptr_t old_end, uintptr_t new_start,
                                   uintptr_t new_end)
 {
+    struct engine *engine = op->engine;
+    uintptr_t kept_end = engine_min_address(old_end, old_start + (new_end - new_start));
+    if (new_start != old_start) {
+        engine_lock_bytes_move_locked(engine, old_start, kept_end, new_start);
+        engine_lock_bytes_remove_locked(engine, old_start, old_end);
+    } else if (kept_end < old_end) {
+        engine_lock_bytes_remove_locked(engine, kept_end, old_end);
+    }
     for (struct engine_piece *piece = ticket->head; piece != NULL; piece = piece->next) {
         if (piece->end <= old_start || piece->start >= old_end)
             continue; /* released with the old mapping, not moved */
@@ -28,14 +54,16 @@ static void register_moved_locked(struct engine_op *op, struct engine_ticket *ti
         uintptr_t to = engine_min_address(piece->end, old_end);
         uintptr_t start = new_start + (from - old_start);
         uintptr_t end = new_start + (to - old_start);
-        if (to == old_end || end > new_end)
+        if (to == old_end || end > new_end) {
+            if (end < new_end)
+                engine_lock_bytes_add_locked(engine, end, new_end); /* the grown tail */
             end = new_end;
+        }
         if (start < end)
-            engine_add_range_locked(op, start, end, start, end,
-                                    piece->state == RANGE_PENDING ? ENGINE_PLACE_DEFER
-                                                                  : ENGINE_PLACE_READY,
-                                    &piece->place);
+            engine_track_range_locked(op, start, end, piece_choice(piece), &piece->place,
+                                      piece_hold(piece));
     }
+    engine_settle_locked(op, new_start, new_end);
 }
 
 struct locked_part_context {
@@ -49,10 +77,8 @@ static void register_locked_part(void *context, uintptr_t start, uintptr_t end)
     struct engine *engine = part->op->engine;
     pthread_mutex_lock(&engine->mutex);
     if (engine_op_claims(part->op, start, end))
-        engine_add_range_locked(part->op, start, end, start, end,
-                                part->piece->state == RANGE_PENDING ? ENGINE_PLACE_DEFER
-                                                                    : ENGINE_PLACE_READY,
-                                &part->piece->place);
+        engine_add_range_locked(part->op, start, end, start, end, piece_choice(part->piece),
+                                &part->piece->place, piece_hold(part->piece));
     pthread_mutex_unlock(&engine->mutex);
 }
 
@@ -71,17 +97,30 @@ static void register_where_locked_locked(struct engine_op *op, const struct engi
     pthread_mutex_lock(&engine->mutex);
 }
 
+/* The call alone, its new mapping's bounds noted. */
+static long remap_plain(struct engine *engine, uintptr_t old_start, size_t old_size,
+                        size_t new_size, int flags, const struct engine_call *call)
+{
+    long result = engine_run_plain(call);
+    uintptr_t page = engine->options.page_size != 0 ? engine->options.page_size : 4096;
+    if (result != -1)
+        mapping_bounds_note_remapped(engine->bounds, old_start, old_size, new_size, flags,
+                                     (uintptr_t)result, page);
+    return result;
+}
+
 long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, size_t new_size,
                   int flags, uintptr_t new_address, const struct engine_call *call)
 {
+    uintptr_t first_start = old_start;
     uintptr_t old_end = 0, target_start = 0, target_end = 0;
     bool fixed = (flags & MREMAP_FIXED) != 0;
     bool dontunmap = (flags & MREMAP_DONTUNMAP) != 0 && old_size != 0;
     if (!engine_active(engine) || old_start % engine->options.page_size != 0)
-        return engine_run_plain(call);
+        return remap_plain(engine, first_start, old_size, new_size, flags, call);
     if (old_size != 0 &&
         !engine_byte_range_pages(engine, old_start, old_size, &old_start, &old_end))
-        return engine_run_plain(call);
+        return remap_plain(engine, first_start, old_size, new_size, flags, call);
     if (fixed &&
         !engine_byte_range_pages(engine, new_address, new_size, &target_start, &target_end))
         fixed = false; /* the call fails with EINVAL; nothing to release there */
@@ -89,7 +128,7 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
                     (dontunmap && engine_has_registrations(engine)) ||
                     (fixed && engine_may_overlap(engine, target_start, target_end));
     if (!involved)
-        return engine_run_plain(call);
+        return remap_plain(engine, first_start, old_size, new_size, flags, call);
 
     /* MREMAP_DONTUNMAP changes locks beyond the moved range: Linux clears the
      * lock of the mapping the old range lies in, and since 6.17 the moved
@@ -151,10 +190,18 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
         errno = call_errno;
         return result;
     }
+    /* What the target held is gone; the mappings' bounds move with them
+     * (in place only the end moves). */
+    for (struct engine_piece *piece = replaced.head; piece != NULL; piece = piece->next)
+        engine_lock_bytes_remove_locked(engine, piece->start, piece->end);
+    mapping_bounds_note_remapped(engine->bounds, old_start, old_size, new_size, flags, new_start,
+                                 engine->options.page_size);
     if (dontunmap) {
         /* What stays at the old place, while the old place is claimed. After
          * success a fixed target holds the moved pages, not what was
-         * registered there. */
+         * registered there. The lock bytes there are those of what is still
+         * locked, whole pages. */
+        engine_lock_bytes_remove_locked(engine, span_start, span_end);
         uintptr_t cut_start = fixed ? target_start : 0, cut_end = fixed ? target_end : 0;
         for (struct engine_piece *piece = moved.head; piece != NULL; piece = piece->next) {
             register_where_locked_locked(&op, piece, piece->start,
@@ -172,7 +219,7 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
     bool may_register_new = engine_op_claims(&op, new_start, new_end);
     if (!may_register_new && moved.head != NULL) {
         engine_drop_claim_locked(&op);
-        may_register_new = engine_claim_locked(&op, &new_start, &new_end, 1, false, true);
+        may_register_new = engine_claim_locked(&op, &new_start, &new_end, 1, true, true);
     }
     if (may_register_new && dontunmap) {
         for (struct engine_piece *piece = moved.head; piece != NULL; piece = piece->next) {
@@ -185,6 +232,8 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
         }
     } else if (may_register_new) {
         register_moved_locked(&op, &moved, old_start, old_end, new_start, new_end);
+    } else if (!dontunmap) {
+        engine_lock_bytes_remove_locked(engine, old_start, old_end); /* shutting down */
     }
     engine_ticket_discard_locked(engine, &moved);
     engine_ticket_discard_locked(engine, &replaced);

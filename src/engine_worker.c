@@ -4,7 +4,9 @@
 
 #include <time.h>
 
-/* Registers one queued record; false when the entry was stale. */
+/* Registers one queued record (a stale entry is skipped). The claim takes
+ * in the run around it: should the driver refuse it, the run is cut or held
+ * as its pieces say. */
 static void register_queued_locked(struct engine *engine, uintptr_t base)
 {
     struct range_record *record = range_registry_find(&engine->registry, base);
@@ -12,13 +14,17 @@ static void register_queued_locked(struct engine *engine, uintptr_t base)
         return;
     struct engine_op op = {.engine = engine, .slot = -1};
     uintptr_t start = record->base, end = record->end;
-    if (!engine_claim_locked(&op, &start, &end, 1, false, true))
+    if (!engine_claim_locked(&op, &start, &end, 1, true, true))
         return; /* shutting down */
     record = range_registry_find(&engine->registry, base);
     if (record != NULL && record->state == RANGE_QUEUED) {
+        end = record->end;
         engine->worker_busy = true;
         engine_set_state_locked(engine, record, RANGE_REGISTERING);
-        engine_register_record_locked(engine, base, true);
+        struct engine_result result = engine_try_register_locked(engine, base, true);
+        if (engine_registration_failed(result) &&
+            engine_registration_failed_locked(&op, base, result, true))
+            engine_settle_locked(&op, base, end);
         engine->worker_busy = false;
     }
     engine_drop_claim_locked(&op);

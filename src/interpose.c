@@ -680,10 +680,31 @@ static void *mmap_common(mmap_fn next, const void *caller, void *addr, size_t le
     /* Before the fast path: a program initialising CUDA maps memory, which
      * is when ranges waiting for its context can go (one load otherwise). */
     runtime_notice_gpu();
-    if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1) || reentry_guarded())
+    if (reentry_guarded())
         return next(addr, length, prot, flags, fd, offset);
+    if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1)) {
+        /* A new object: runs of locked pages never cross its bounds. */
+        void *result = next(addr, length, prot, flags, fd, offset);
+        if (result != MAP_FAILED && length != 0) {
+            int saved_errno = errno;
+            reentry_guard_enter();
+            mapping_bounds_note_mapped(&runtime_mapping_bounds, (uintptr_t)result,
+                                       range_end((uintptr_t)result, length));
+            reentry_guard_leave();
+            errno = saved_errno;
+        }
+        return result;
+    }
     if (called_by_gpu_runtime(caller)) {
         void *result = next(addr, length, prot, flags, fd, offset);
+        if (result != MAP_FAILED && length != 0) {
+            int saved_errno = errno;
+            reentry_guard_enter();
+            mapping_bounds_note_mapped(&runtime_mapping_bounds, (uintptr_t)result,
+                                       range_end((uintptr_t)result, length));
+            reentry_guard_leave();
+            errno = saved_errno;
+        }
         if ((flags & MAP_LOCKED) && result != MAP_FAILED)
             count_runtime_library_lock();
         return result;
@@ -734,6 +755,13 @@ PINSHIM_EXPORT int munmap(void *addr, size_t length)
     uintptr_t start = (uintptr_t)addr;
     if (reentry_guarded() || length == 0 || start % runtime_page_size != 0)
         return real.munmap(addr, length);
+    /* The bounds go before the call: a mapping placed there once it returns
+     * keeps the marks it makes. */
+    int saved_errno = errno;
+    reentry_guard_enter();
+    mapping_bounds_note_unmapped(&runtime_mapping_bounds, start, range_end(start, length));
+    reentry_guard_leave();
+    errno = saved_errno;
     runtime_notice_gpu();
     if (!engine_may_overlap(&runtime_engine, start, range_end(start, length)) ||
         called_by_gpu_runtime(__builtin_return_address(0)))
@@ -774,15 +802,15 @@ static long run_mprotect(void *arguments)
 static int protect_common(struct protect_call *arguments, const void *caller)
 {
     uintptr_t start = (uintptr_t)arguments->addr;
-    if (!(arguments->prot & PROT_WRITE) || reentry_guarded() || arguments->length == 0 ||
-        start % runtime_page_size != 0 ||
+    if (!(arguments->prot & (PROT_READ | PROT_WRITE)) || reentry_guarded() ||
+        arguments->length == 0 || start % runtime_page_size != 0 ||
         !engine_may_overlap(&runtime_engine, start, range_end(start, arguments->length)) ||
         called_by_gpu_runtime(caller))
         return (int)run_mprotect(arguments);
     struct engine_call call = {run_mprotect, arguments, "mprotect"};
     reentry_guard_enter();
-    int result =
-        (int)engine_protect(&runtime_engine, start, range_end(start, arguments->length), &call);
+    int result = (int)engine_protect(&runtime_engine, start, range_end(start, arguments->length),
+                                     (arguments->prot & PROT_WRITE) != 0, &call);
     reentry_guard_leave();
     return result;
 }
@@ -825,9 +853,24 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
         new_address = va_arg(args, void *);
         va_end(args);
     }
-    if (reentry_guarded() || !engine_has_registrations(&runtime_engine) ||
-        called_by_gpu_runtime(__builtin_return_address(0)))
+    if (reentry_guarded())
         return real.mremap(old_address, old_size, new_size, flags, new_address);
+    if (called_by_gpu_runtime(__builtin_return_address(0))) {
+        void *result = real.mremap(old_address, old_size, new_size, flags, new_address);
+        if (result != MAP_FAILED) {
+            int saved_errno = errno;
+            reentry_guard_enter();
+            mapping_bounds_note_remapped(&runtime_mapping_bounds, (uintptr_t)old_address, old_size,
+                                         new_size, flags, (uintptr_t)result, runtime_page_size);
+            reentry_guard_leave();
+            errno = saved_errno;
+        }
+        return result;
+    }
+    /* The engine notes where the mapping went, registrations or not. */
+    int saved_errno = errno;
+    runtime_ensure_initialized();
+    errno = saved_errno;
     runtime_notice_gpu();
     struct remap_call arguments = {old_address, old_size, new_size, flags, new_address};
     struct engine_call call = {run_mremap, &arguments, "mremap"};

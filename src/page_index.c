@@ -141,6 +141,47 @@ void page_index_clear(struct page_index *index, uintptr_t start, uintptr_t end)
     }
 }
 
+bool page_index_set_bit(struct page_index *index, enum page_index_map map, uintptr_t addr)
+{
+    uintptr_t granule = granule_of(addr);
+    struct page_index_leaf *leaf = leaf_ensure(index, granule);
+    if (leaf == NULL)
+        return false;
+    leaf_update(leaf, map, granule, granule + 1, true);
+    return true;
+}
+
+void page_index_clear_map(struct page_index *index, enum page_index_map map, uintptr_t start,
+                          uintptr_t end)
+{
+    uintptr_t last = granule_of(end);
+    for (uintptr_t g = granule_of(start); g < last;) {
+        uintptr_t skip_to;
+        struct page_index_leaf *leaf = leaf_lookup(index, g, &skip_to);
+        if (leaf == NULL) {
+            g = skip_to;
+            continue;
+        }
+        uintptr_t leaf_end = (g | (LEAF_GRANULES - 1)) + 1;
+        uintptr_t stop = leaf_end < last ? leaf_end : last;
+        leaf_update(leaf, map, g, stop, false);
+        g = stop;
+    }
+}
+
+bool page_index_test_bit(const struct page_index *index, enum page_index_map map, uintptr_t addr)
+{
+    uintptr_t granule = granule_of(addr), skip_to;
+    if (addr >= PAGE_INDEX_LIMIT)
+        return false;
+    struct page_index_leaf *leaf = leaf_lookup(index, granule, &skip_to);
+    if (leaf == NULL)
+        return false;
+    uintptr_t offset = granule & (LEAF_GRANULES - 1);
+    uint64_t word = __atomic_load_n(&leaf->words[offset / 64][map], __ATOMIC_RELAXED);
+    return (word >> (offset % 64)) & 1;
+}
+
 bool page_index_find_next(const struct page_index *index, enum page_index_map map, bool want_set,
                           uintptr_t start, uintptr_t end, uintptr_t *found)
 {

@@ -66,6 +66,14 @@ void page_index_clear(struct page_index *index, uintptr_t start, uintptr_t end);
  * leaves its used bits untouched, so lock-free readers never see a gap). */
 void page_index_mark_base(struct page_index *index, uintptr_t addr);
 
+/* One map alone, for users that keep their own marks in the two maps
+ * (mapping_bounds.h): sets addr's bit (false, changing nothing, when out of
+ * memory), clears the bits of [start, end), tests addr's bit (lock-free). */
+bool page_index_set_bit(struct page_index *index, enum page_index_map map, uintptr_t addr);
+void page_index_clear_map(struct page_index *index, enum page_index_map map, uintptr_t start,
+                          uintptr_t end);
+bool page_index_test_bit(const struct page_index *index, enum page_index_map map, uintptr_t addr);
+
 /* Lock-free: the first granule in [start, end) whose bit in map equals want_set. */
 bool page_index_find_next(const struct page_index *index, enum page_index_map map, bool want_set,
                           uintptr_t start, uintptr_t end, uintptr_t *found);

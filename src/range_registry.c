@@ -114,12 +114,9 @@ struct range_record *range_registry_split(struct range_registry *registry, uintp
     return range_registry_find(registry, at);
 }
 
-void range_registry_remove(struct range_registry *registry, uintptr_t base)
+/* Takes slot out of the table (its bits in the index are the caller's). */
+static void remove_slot(struct range_registry *registry, struct range_record *slot)
 {
-    struct range_record *slot = range_registry_find(registry, base);
-    if (slot == NULL)
-        return;
-    page_index_clear(&registry->index, slot->base, slot->end);
     /* Backward-shift deletion keeps probe chains intact without tombstones. */
     size_t mask = registry->capacity - 1;
     size_t hole = (size_t)(slot - registry->slots);
@@ -137,6 +134,33 @@ void range_registry_remove(struct range_registry *registry, uintptr_t base)
     }
     memset(&registry->slots[hole], 0, sizeof(struct range_record));
     registry->count--;
+}
+
+void range_registry_remove(struct range_registry *registry, uintptr_t base)
+{
+    struct range_record *slot = range_registry_find(registry, base);
+    if (slot == NULL)
+        return;
+    page_index_clear(&registry->index, slot->base, slot->end);
+    remove_slot(registry, slot);
+}
+
+struct range_record *range_registry_join(struct range_registry *registry, uintptr_t base)
+{
+    struct range_record *left = range_registry_find(registry, base);
+    if (left == NULL)
+        return NULL;
+    uintptr_t at = left->end;
+    struct range_record *right = range_registry_find(registry, at);
+    if (right == NULL)
+        return NULL;
+    uintptr_t end = right->end;
+    /* The used bits stay set throughout; only the right part's base goes. */
+    page_index_clear_map(&registry->index, PAGE_INDEX_BASE, at, at + PAGE_INDEX_GRANULE);
+    remove_slot(registry, right);
+    left = range_registry_find(registry, base);
+    left->end = end;
+    return left;
 }
 
 void range_registry_prefetch(const struct range_registry *registry, uintptr_t base)

@@ -25,6 +25,21 @@ enum range_state {
     RANGE_REGISTERED,    /* registered by the shim */
     RANGE_UNREGISTERING, /* the backend's unregister call in flight */
     RANGE_PROGRAM,       /* registered by the program itself: never the shim's to undo */
+    RANGE_HELD,          /* locked and tracked, not registered: see enum range_held */
+};
+
+/* Why a HELD record is not registered. A run (engine_runs.c) is registered
+ * whole or not at all, so that every copy inside it works: the reasons that
+ * hold a whole run are ONFAULT and REFUSED. */
+enum range_held {
+    RANGE_HELD_NEW = 0,   /* just added or changed: the run it is in decides (transient) */
+    RANGE_HELD_SMALL,     /* its run is smaller than PINSHIM_MIN_BYTES */
+    RANGE_HELD_ONFAULT,   /* locked with MLOCK_ONFAULT and not all resident: holds its run */
+    RANGE_HELD_REFUSED,   /* a mapping no registration covers (VM_IO, a shared file, read-only
+                             memory on a device without READ_ONLY): holds its run */
+    RANGE_HELD_NO_ACCESS, /* PROT_NONE or unmapped: no copy crosses it, so it cuts runs */
+    RANGE_HELD_FAILED,    /* the driver refused it: tried again when its run changes */
+    RANGE_HELD_BESIDE,    /* could be registered, but its run is held for another part's sake */
 };
 
 /* Where and how a registration is made: the device, the context (CUDA: 0 is
@@ -46,20 +61,36 @@ struct range_place {
  * registrations; Level Zero's imports, per driver: context names the driver):
  * any thread may make or undo it. */
 #define RANGE_PLACE_ANY_CONTEXT 2u
+/* No place chosen yet: the process had no context when the pages were
+ * locked (the pending ones wait for it; a held one takes its run's place). */
+#define RANGE_PLACE_DEFERRED 4u
 
 struct range_record {
     uintptr_t base; /* 0 marks an empty slot */
     uintptr_t end;
-    /* The bytes the lock call that made this record asked for; free keeps a
-     * page it shares with another block only while such bytes lie outside
-     * the freed block. Pages for records not made by a lock call. */
-    uintptr_t lock_start, lock_end;
+    union {
+        /* RANGE_PROGRAM: the bytes the program's own registration asked
+         * for (the pointer its unregistration will pass is program_start). */
+        struct {
+            uintptr_t program_start, program_end;
+        };
+        /* Otherwise, in a run registered whole after it grew: the largest
+         * part that was registered before, to register again as it was
+         * should the driver refuse the whole (0, 0: none). */
+        struct {
+            uintptr_t kept_start, kept_end;
+        };
+    };
     struct range_place place;
     uint8_t state;
     /* RANGE_PROGRAM: the program holds these pages locked (a lock the shim
      * would have registered), so the shim takes them back when the program
      * unregisters. */
     uint8_t program_locked;
+    uint8_t held; /* RANGE_HELD: enum range_held */
+    /* One of the chunks of a run the driver refused in one call: joined
+     * with nothing (engine_runs.c). */
+    uint8_t chunk;
 } __attribute__((aligned(64)));
 
 struct range_registry {
@@ -87,6 +118,13 @@ bool range_registry_reserve(struct range_registry *registry, size_t extra);
  * the right part, or NULL when out of memory (nothing changed). */
 struct range_record *range_registry_split(struct range_registry *registry, uintptr_t base,
                                           uintptr_t at);
+
+/* Joins the record based at base with the record that starts at its end:
+ * the left one grows over the right one (its other fields stay), whose slot
+ * goes. The used bits are not touched, so a lock-free reader sees the pages
+ * covered throughout. Returns the joined record, or NULL (nothing changed)
+ * when either is missing. */
+struct range_record *range_registry_join(struct range_registry *registry, uintptr_t base);
 
 /* Starts loading what a call about a record based at base reads first: its
  * home slot's line in the hash table and the page index's line for base.

@@ -41,6 +41,7 @@
 
 struct engine runtime_engine;
 uintptr_t runtime_free_gate;
+struct mapping_bounds runtime_mapping_bounds;
 struct pinshim_config runtime_config;
 /* Until the set-up reads the kernel's (sysconf), the smallest page any Linux
  * host has: a check made with it errs towards "not page-aligned", which
@@ -490,6 +491,7 @@ static void initialize(void)
     });
     if (!engine_init(&runtime_engine, &engine_backend_of_process, &options))
         log_warn("cannot map memory for the range registry; registration is off");
+    engine_set_mapping_bounds(&runtime_engine, &runtime_mapping_bounds);
     engine_keep_gate_at(&runtime_engine, &runtime_free_gate);
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     warn_if_allocator_precedes_shim();
@@ -641,6 +643,11 @@ static void fill_report(struct stats_report *report)
     report->program_handed_over = engine_stats(engine)->program_handed_over;
     report->program_kept = engine_stats(engine)->program_kept;
     report->gone_with_context = engine_stats(engine)->gone_with_context;
+    report->runs_joined = engine_stats(engine)->runs_joined;
+    report->join_failed = engine_stats(engine)->join_failed;
+    report->runs_chunked = engine_stats(engine)->runs_chunked;
+    report->held_ranges_at_exit = engine_stats(engine)->held_ranges;
+    report->held_bytes_at_exit = engine_stats(engine)->held_bytes;
     report->numa = engine->options.numa;
     for (size_t node = 0; node < NUMA_PLACEMENT_MAX_NODES; node++) {
         report->numa_nodes[node].bytes = engine_stats(engine)->numa_nodes[node].bytes;

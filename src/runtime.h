@@ -18,6 +18,10 @@ extern struct engine runtime_engine PINSHIM_INTERNAL;
 /* The engine's free gate (struct engine_free_view), kept in a variable of its
  * own: free compares against it without first forming the engine's address. */
 extern uintptr_t runtime_free_gate PINSHIM_INTERNAL;
+/* Where the program's mappings begin and end (mapping_bounds.h): noted by
+ * the interposed mmap, munmap and mremap from the first call, before the
+ * shim's set-up, and read by the engine. */
+extern struct mapping_bounds runtime_mapping_bounds PINSHIM_INTERNAL;
 /* Whether mlockall(MCL_FUTURE) without MCL_ONFAULT is in effect: every new
  * mapping is then locked and faulted in at once. */
 bool runtime_future_mappings_locked(void);

@@ -225,9 +225,17 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_key_u64(&out, "exit", c->unregister_exit, false);
     out_key_u64(&out, "program", c->unregister_program, false);
     out_key_u64(&out, "mprotect", c->unregister_mprotect, false);
+    out_key_u64(&out, "join", c->unregister_join, false);
     out_key_u64(&out, "exit_unloading", report->exit_unloading, false);
     out_key_u64(&out, "gone", report->gone_with_context, false);
     out_format(&out, "\"seconds\": %.6f", seconds(c->unregister_nanoseconds));
+
+    out_text(&out, "},\n \"runs\": {");
+    out_key_u64(&out, "joined", report->runs_joined, false);
+    out_key_u64(&out, "join_failed", report->join_failed, false);
+    out_key_u64(&out, "chunked", report->runs_chunked, false);
+    out_key_u64(&out, "held_ranges_at_exit", report->held_ranges_at_exit, false);
+    out_key_u64(&out, "held_bytes_at_exit", report->held_bytes_at_exit, true);
 
     out_text(&out, "},\n \"deferred\": {");
     out_key_u64(&out, "ranges", report->deferred_total, false);
@@ -421,16 +429,27 @@ bool stats_write_text(int fd, const struct stats_report *report)
                    (unsigned long long)report->skipped_shared_file,
                    (unsigned long long)report->skipped_unmapped,
                    (unsigned long long)report->skipped_runtime_library);
-    out_format(
-        &out,
-        "pinshim:   unregister by munlock %llu, free %llu, realloc %llu, munmap %llu, "
-        "mremap %llu, mmap_fixed %llu, mprotect %llu, exit %llu (%llu after the runtime "
-        "unloaded), %llu found gone\n",
-        (unsigned long long)c->unregister_munlock, (unsigned long long)c->unregister_free,
-        (unsigned long long)c->unregister_realloc, (unsigned long long)c->unregister_munmap,
-        (unsigned long long)c->unregister_mremap, (unsigned long long)c->unregister_mmap_fixed,
-        (unsigned long long)c->unregister_mprotect, (unsigned long long)c->unregister_exit,
-        (unsigned long long)report->exit_unloading, (unsigned long long)report->gone_with_context);
+    out_format(&out,
+               "pinshim:   unregister by munlock %llu, free %llu, realloc %llu, munmap %llu, "
+               "mremap %llu, mmap_fixed %llu, mprotect %llu, join %llu, exit %llu (%llu after the "
+               "runtime unloaded), %llu found gone\n",
+               (unsigned long long)c->unregister_munlock, (unsigned long long)c->unregister_free,
+               (unsigned long long)c->unregister_realloc, (unsigned long long)c->unregister_munmap,
+               (unsigned long long)c->unregister_mremap,
+               (unsigned long long)c->unregister_mmap_fixed,
+               (unsigned long long)c->unregister_mprotect, (unsigned long long)c->unregister_join,
+               (unsigned long long)c->unregister_exit, (unsigned long long)report->exit_unloading,
+               (unsigned long long)report->gone_with_context);
+    if (report->runs_joined != 0 || report->join_failed != 0 || report->runs_chunked != 0 ||
+        report->held_ranges_at_exit != 0)
+        out_format(&out,
+                   "pinshim:   runs: %llu registered again whole after they grew or joined, "
+                   "%llu refused whole and registered in their old pieces, %llu in chunks; "
+                   "%llu range(s) (%llu bytes) locked but held unregistered at exit\n",
+                   (unsigned long long)report->runs_joined, (unsigned long long)report->join_failed,
+                   (unsigned long long)report->runs_chunked,
+                   (unsigned long long)report->held_ranges_at_exit,
+                   (unsigned long long)report->held_bytes_at_exit);
     if (report->error_count > 0) {
         out_text(&out, "pinshim:   errors:");
         for (size_t i = 0; i < report->error_count; i++)

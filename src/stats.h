@@ -61,6 +61,11 @@ struct stats_report {
     /* The program's own registrations. */
     uint64_t program_unregistrations, program_took_back, gone_with_context;
     uint64_t program_handed_over, program_kept;
+    /* Runs of locked pages (engine_runs.c): registered whole after parts of
+     * them were undone, joined runs the driver refused (registered in their
+     * old pieces), runs it refused whole (in chunks); held at exit. */
+    uint64_t runs_joined, join_failed, runs_chunked;
+    uint64_t held_ranges_at_exit, held_bytes_at_exit;
     size_t device_count; /* devices[0..device_count) */
     struct {
         uint64_t registrations, bytes;

@@ -87,6 +87,10 @@ class Counters(ctypes.Structure):
     queued_ranges: int  #: locked ranges waiting for the registration thread now
     # Since 0.3.0:
     unregister_mprotect: int  #: read-only registrations made again writable by mprotect
+    # Since 0.4.0:
+    unregister_join: int  #: undone to register a run again whole (it grew or joined)
+    held_ranges: int  #: locked ranges tracked and not registered now
+    held_bytes: int
 
     def as_dict(self) -> Dict[str, int]:
         """The fields the shim filled, by name."""

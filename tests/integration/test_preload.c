@@ -273,7 +273,7 @@ Test(preload, every_scenario_keeps_the_invariant, .timeout = 240)
             stat_number(&run, "unregister.munlock") + stat_number(&run, "unregister.free") +
             stat_number(&run, "unregister.realloc") + stat_number(&run, "unregister.munmap") +
             stat_number(&run, "unregister.mremap") + stat_number(&run, "unregister.mmap_fixed") +
-            stat_number(&run, "unregister.exit");
+            stat_number(&run, "unregister.exit") + stat_number(&run, "unregister.join");
         cr_assert_eq(ok + stat_number(&run, "unregister.failed"), by_reason, "%s", run.stats);
         /* Every successful call the runtime saw came from the shim, except the
          * one registration the already_registered program makes itself. */

@@ -262,7 +262,8 @@ void harness_expect_consistent_stats(const struct harness_run *run)
         harness_stat(run, "unregister.munlock") + harness_stat(run, "unregister.free") +
         harness_stat(run, "unregister.realloc") + harness_stat(run, "unregister.munmap") +
         harness_stat(run, "unregister.mremap") + harness_stat(run, "unregister.mmap_fixed") +
-        harness_stat(run, "unregister.exit") + harness_stat(run, "unregister.program");
+        harness_stat(run, "unregister.exit") + harness_stat(run, "unregister.program") +
+        harness_stat(run, "unregister.mprotect") + harness_stat(run, "unregister.join");
     cr_assert_eq(ok + failed + unloading + gone, by_reason, "unregistrations do not add up:\n%s",
                  run->stats);
     cr_assert_eq(harness_stat(run, "unregister.exit"), harness_stat(run, "live.ranges"), "%s",

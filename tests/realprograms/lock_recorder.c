@@ -6,9 +6,13 @@
  *
  * LOCK_RECORDER_LOG=path: one line per call, appended with one write(2):
  *   <call> <pid> 0x<addr> <length> <result> <errno>
- * for mlock, mlock2, munlock and munmap, and "<call> <pid> 0 0 <result> <errno>"
- * for mlockall and munlockall. It defines no allocator function, so the shim's
- * check that nothing precedes its free stays quiet. */
+ * for mlock, mlock2, munlock and munmap, "<call> <pid> 0 0 <result> <errno>"
+ * for mlockall and munlockall, and "mmap <pid> 0x<mapping> <length> 0 0" for
+ * every mapping mmap made (the shim cuts runs of locked pages where mappings
+ * begin and end). It defines no allocator function, so the shim's check that
+ * nothing precedes its free stays quiet. */
+/* mmap and mmap64 are two symbols here: no off_t redirection. */
+#undef _FILE_OFFSET_BITS
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -119,4 +123,29 @@ RECORDER_EXPORT int munmap(void *addr, size_t len)
     record("munmap", addr, len, result, result == 0 ? 0 : saved_errno);
     errno = saved_errno;
     return result;
+}
+
+static void *record_mapping(void *result, size_t length)
+{
+    int saved_errno = errno;
+    if (result != MAP_FAILED)
+        record("mmap", result, length, 0, 0);
+    errno = saved_errno;
+    return result;
+}
+
+RECORDER_EXPORT void *mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+{
+    static void *(*next)(void *, size_t, int, int, int, off_t);
+    if (next == NULL)
+        next = (void *(*)(void *, size_t, int, int, int, off_t))next_function("mmap");
+    return record_mapping(next(addr, length, prot, flags, fd, offset), length);
+}
+
+RECORDER_EXPORT void *mmap64(void *addr, size_t length, int prot, int flags, int fd, off_t offset)
+{
+    static void *(*next)(void *, size_t, int, int, int, off_t);
+    if (next == NULL)
+        next = (void *(*)(void *, size_t, int, int, int, off_t))next_function("mmap64");
+    return record_mapping(next(addr, length, prot, flags, fd, offset), length);
 }

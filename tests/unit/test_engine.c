@@ -45,7 +45,8 @@ static struct {
     uintptr_t locked[8][2], resident[8][2];
     size_t locked_count, resident_count;
     uint64_t locked_parts_calls;
-    uintptr_t unmapped_from; /* is_mapped: false for ranges reaching it (0: all mapped) */
+    uintptr_t unmapped_from;     /* is_mapped: false for ranges reaching it (0: all mapped) */
+    uint64_t max_register_bytes; /* larger registrations fail with 2 (0: no limit) */
 } mock = {.mutex = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
 
 static enum engine_choice mock_choose_place(void *context, bool from_worker,
@@ -72,13 +73,19 @@ static int mock_register_code(void *context, struct range_place *place, void *ba
     int result = 0;
     mock.register_calls++;
     if (mock.count_only) {
-        mock.live_count++;
+        bool refused = mock.max_register_bytes != 0 && length > mock.max_register_bytes;
+        if (!refused)
+            mock.live_count++;
         pthread_mutex_unlock(&mock.mutex);
-        return 0;
+        return refused ? 2 : 0;
     }
     uintptr_t start = (uintptr_t)base, end = start + length;
     if (mock.fail_register_every && mock.register_calls % mock.fail_register_every == 0) {
         result = mock.fail_error;
+        goto out;
+    }
+    if (mock.max_register_bytes != 0 && length > mock.max_register_bytes) {
+        result = 2; /* R580 drivers refuse 512 GiB and more: out of memory */
         goto out;
     }
     for (size_t i = 0; i < mock.count; i++) {
@@ -241,6 +248,7 @@ static void setup(void)
     mock.unregister_waiting = false;
     mock.locked_count = mock.resident_count = 0;
     mock.unmapped_from = 0;
+    mock.max_register_bytes = 0;
     pthread_mutex_unlock(&mock.mutex);
     struct engine_options wanted = options(false, 0);
     cr_assert(engine_init(&engine, &mock_backend, &wanted));
@@ -432,14 +440,19 @@ Test(engine, relocking_registers_nothing_new)
     cr_assert_eq(mock.register_calls, 1);
 }
 
-Test(engine, overlapping_and_adjacent_locks_never_overlap)
+/* A lock over a registration, and one beside it, make one run: one
+ * registration, never two that overlap or touch (a copy across two fails). */
+Test(engine, overlapping_and_adjacent_locks_join_one_registration)
 {
     lock(A(16 * PAGE), 16 * PAGE);
     lock(A(0), 64 * PAGE);         /* covers it: two gaps */
     lock(A(64 * PAGE), 16 * PAGE); /* adjacent after */
-    uintptr_t expected[] = {A(0),         A(16 * PAGE), A(16 * PAGE), A(32 * PAGE),
-                            A(32 * PAGE), A(64 * PAGE), A(64 * PAGE), A(80 * PAGE)};
-    expect_ranges(expected, 4);
+    uintptr_t expected[] = {A(0), A(80 * PAGE)};
+    expect_ranges(expected, 1);
+    cr_assert_eq(mock.register_calls, 3);
+    cr_assert_eq(mock.unregister_calls, 2);
+    cr_assert_eq(engine_stats(&engine)->counters.unregister_join, 2);
+    cr_assert_eq(engine_stats(&engine)->runs_joined, 2);
 }
 
 Test(engine, partial_release_reregisters_what_stays_locked)
@@ -457,12 +470,27 @@ Test(engine, partial_release_reregisters_what_stays_locked)
 
 Test(engine, release_spanning_several_ranges)
 {
-    lock(A(0), 16 * PAGE);
-    lock(A(20 * PAGE), 16 * PAGE);
-    lock(A(40 * PAGE), 16 * PAGE);
-    unlock(A(8 * PAGE), A(44 * PAGE), RELEASE_MUNMAP);
-    uintptr_t expected[] = {A(0), A(8 * PAGE), A(44 * PAGE), A(56 * PAGE)};
+    lock(A(0), 32 * PAGE);
+    lock(A(40 * PAGE), 32 * PAGE);
+    lock(A(80 * PAGE), 32 * PAGE);
+    unlock(A(16 * PAGE), A(96 * PAGE), RELEASE_MUNMAP);
+    uintptr_t expected[] = {A(0), A(16 * PAGE), A(96 * PAGE), A(112 * PAGE)};
     expect_ranges(expected, 2);
+}
+
+/* What is left of a run below min_bytes is held, not registered again. */
+Test(engine, a_remainder_below_min_bytes_is_held)
+{
+    lock(A(0), 32 * PAGE);
+    unlock(A(8 * PAGE), A(32 * PAGE), RELEASE_MUNLOCK);
+    expect_ranges(NULL, 0);
+    cr_assert_eq(engine_state_at(&engine, A(0)), RANGE_HELD);
+    cr_assert_eq(engine_stats(&engine)->held_bytes, 8 * PAGE);
+    /* Grown past min_bytes again, it is registered whole. */
+    lock(A(8 * PAGE), 16 * PAGE);
+    uintptr_t expected[] = {A(0), A(24 * PAGE)};
+    expect_ranges(expected, 1);
+    cr_assert_eq(engine_stats(&engine)->held_bytes, 0);
 }
 
 /* free's lock-free answer: a range overlaps a registration only if it meets a
@@ -530,12 +558,19 @@ Test(engine, free_of_a_neighbour_keeps_the_shared_page)
  * freeing one of them releases every page it touches, shared ones included,
  * since the lock's bytes there may belong to blocks already freed (a page
  * kept for them could be given back to the kernel under the registration). */
-Test(engine, free_inside_a_lock_of_many_blocks_releases_every_page_it_touches)
+/* One lock over many blocks: a freed block's pages go, but its first and
+ * last, which still hold bytes the lock asked for (its neighbours'). */
+Test(engine, free_inside_a_lock_of_many_blocks_keeps_the_pages_its_neighbours_hold)
 {
-    lock(A(0), 64 * PAGE);
-    free_block(A(10 * PAGE) - 100, A(20 * PAGE) + 100);
-    uintptr_t expected[] = {A(0), A(9 * PAGE), A(21 * PAGE), A(64 * PAGE)};
+    lock(A(0), 128 * PAGE);
+    free_block(A(40 * PAGE) - 100, A(50 * PAGE) + 100);
+    uintptr_t expected[] = {A(0), A(40 * PAGE), A(50 * PAGE), A(128 * PAGE)};
     expect_ranges(expected, 2);
+    /* The neighbours go too: now every page of theirs goes with them. */
+    free_block(A(39 * PAGE), A(40 * PAGE) - 100);
+    free_block(A(50 * PAGE) + 100, A(52 * PAGE));
+    uintptr_t after[] = {A(0), A(39 * PAGE), A(52 * PAGE), A(128 * PAGE)};
+    expect_ranges(after, 2);
 }
 
 /* munlock that fails with ENOMEM unlocked up to the first hole: what lies
@@ -562,9 +597,8 @@ Test(engine, failed_munmap_restores_everything)
     struct engine_call call = {run_scripted, &fails, "test"};
     engine_unlock(&engine, A(8 * PAGE), A(24 * PAGE), RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING,
                   &call);
-    uintptr_t expected[] = {A(0),         A(8 * PAGE),  A(8 * PAGE),
-                            A(24 * PAGE), A(24 * PAGE), A(64 * PAGE)};
-    expect_ranges(expected, 3);
+    uintptr_t expected[] = {A(0), A(64 * PAGE)};
+    expect_ranges(expected, 1);
 }
 
 Test(engine, already_registered_range_is_never_unregistered)
@@ -887,7 +921,7 @@ static void *cancelled_unlock_main(void *argument)
 Test(engine, a_cancelled_thread_does_not_leave_the_engine_locked, .timeout = 30)
 {
     lock(A(0), 64 * PAGE);
-    struct lock_job holder = {A(64 * PAGE), 16 * PAGE, gated_call()};
+    struct lock_job holder = {A(64 * PAGE), 32 * PAGE, gated_call()};
     pthread_t holder_thread, victim;
     pthread_create(&holder_thread, NULL, lock_job_main, &holder);
     wait_inside_gate();
@@ -903,7 +937,7 @@ Test(engine, a_cancelled_thread_does_not_leave_the_engine_locked, .timeout = 30)
     cr_assert_eq(outcome, PTHREAD_CANCELED);
     cr_assert(job.done, "the cancelled thread's unlock did not finish");
     unlock(A(0), A(8 * PAGE), RELEASE_MUNLOCK); /* the engine still works */
-    uintptr_t expected[] = {A(8 * PAGE), A(60 * PAGE), A(66 * PAGE), A(80 * PAGE)};
+    uintptr_t expected[] = {A(8 * PAGE), A(60 * PAGE), A(66 * PAGE), A(96 * PAGE)};
     expect_ranges(expected, 2);
 }
 
@@ -1026,45 +1060,80 @@ Test(engine, the_watcher_looks_until_the_last_pending_range_goes, .timeout = 30)
     cr_assert_eq(mock.register_calls, 0);
 }
 
-Test(engine, large_ranges_are_registered_in_chunks, .timeout = 60)
+/* A run the driver takes in one call is one registration, however large;
+ * one it refuses whole goes in chunks of max_registration_bytes. */
+Test(engine, large_ranges_are_chunked_only_when_the_driver_refuses_them, .timeout = 60)
 {
     restart_engine(options(false, (uint64_t)64 << 30));
     mock.count_only = true;
     uint64_t size = (uint64_t)200 << 30;
     lock(A(0), size);
-    cr_assert_eq(mock.register_calls, 4); /* 64 + 64 + 64 + 8 GiB */
-    struct pinshim_counters counters;
-    engine_get_counters(&engine, &counters);
-    cr_assert_eq(counters.register_bytes, size);
-    cr_assert_eq(counters.live_ranges, 4);
-    /* Released whole, also from the middle of a chunk. */
+    cr_assert_eq(mock.register_calls, 1);
     unlock(A(0), A(size), RELEASE_MUNLOCK);
     cr_assert_eq(mock.live_count, 0);
-    cr_assert_eq(mock.unregister_calls, 4);
+    mock.register_calls = mock.unregister_calls = 0;
+    mock.max_register_bytes = (uint64_t)100 << 30;
+    lock(A(0), size);
+    cr_assert_eq(mock.register_calls, 5); /* refused whole, then 64 + 64 + 64 + 8 GiB */
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.live_ranges, 4);
+    cr_assert_eq(counters.live_bytes, size);
+    cr_assert_eq(engine_stats(&engine)->runs_chunked, 1);
+    /* A chunk is joined with nothing: a lock beside the last one is a
+     * registration of its own. */
+    lock(A(size), 64 * PAGE);
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.live_ranges, 5);
+    cr_assert_eq(mock.unregister_calls, 0);
+    /* Released whole, also from the middle of a chunk. */
+    unlock(A(0), A(size + 64 * PAGE), RELEASE_MUNLOCK);
+    cr_assert_eq(mock.live_count, 0);
+    cr_assert_eq(mock.unregister_calls, 5);
 }
 
 Test(engine, a_failed_chunk_leaves_the_others_consistent)
 {
     restart_engine(options(false, 16 * PAGE));
-    mock.fail_register_every = 2;
+    mock.max_register_bytes = 16 * PAGE;
+    mock.fail_register_every = 3; /* the whole (1) is refused, then chunk 2 of 4 */
     lock(A(0), 64 * PAGE);
-    uintptr_t expected[] = {A(0), A(16 * PAGE), A(32 * PAGE), A(48 * PAGE)};
-    expect_ranges(expected, 2);
+    uintptr_t expected[] = {A(0),         A(16 * PAGE), A(32 * PAGE),
+                            A(48 * PAGE), A(48 * PAGE), A(64 * PAGE)};
+    expect_ranges(expected, 3);
+    cr_assert_eq(engine_state_at(&engine, A(16 * PAGE)), RANGE_HELD);
     unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
     expect_ranges(NULL, 0);
 }
 
-Test(engine, onfault_registers_only_resident_pages)
+/* MLOCK_ONFAULT with pages not resident: the run is held whole (a copy of
+ * it works unregistered, and would fail half registered) until a plain lock
+ * faults it all in; all resident, it is registered as a plain lock's. */
+Test(engine, onfault_holds_its_run_until_every_page_is_resident)
 {
+    lock(A(64 * PAGE), 32 * PAGE); /* registered, then joined by the onfault lock */
     mock.resident[0][0] = A(4 * PAGE);
     mock.resident[0][1] = A(10 * PAGE);
     mock.resident[1][0] = A(40 * PAGE);
     mock.resident[1][1] = A(41 * PAGE);
     mock.resident_count = 2;
     cr_assert_eq(engine_lock(&engine, A(0), 64 * PAGE, ENGINE_LOCK_ONFAULT, &succeeds), 0);
-    uintptr_t expected[] = {A(4 * PAGE), A(10 * PAGE), A(40 * PAGE), A(41 * PAGE)};
-    expect_ranges(expected, 2);
+    expect_ranges(NULL, 0);
     cr_assert_eq(engine_stats(&engine)->skipped_onfault_pages, 57);
+    cr_assert_eq(engine_state_at(&engine, A(70 * PAGE)), RANGE_HELD);
+    /* A plain lock of part of it leaves it held; of all of it, registers it. */
+    lock(A(0), 32 * PAGE);
+    expect_ranges(NULL, 0);
+    lock(A(32 * PAGE), 32 * PAGE);
+    uintptr_t expected[] = {A(0), A(96 * PAGE)};
+    expect_ranges(expected, 1);
+    /* Every page resident: as a plain lock. */
+    mock.resident[0][0] = A(200 * PAGE);
+    mock.resident[0][1] = A(232 * PAGE);
+    mock.resident_count = 1;
+    cr_assert_eq(engine_lock(&engine, A(200 * PAGE), 32 * PAGE, ENGINE_LOCK_ONFAULT, &succeeds), 0);
+    uintptr_t both[] = {A(0), A(96 * PAGE), A(200 * PAGE), A(232 * PAGE)};
+    expect_ranges(both, 2);
 }
 
 Test(engine, onfault_skip_and_all)
@@ -1116,16 +1185,16 @@ static long run_program_unregister(void *arguments)
 Test(engine, program_registration_takes_the_pages_over)
 {
     lock(A(0), 64 * PAGE);
-    /* The program registers bytes inside pages 10..20 itself. */
-    uintptr_t program[2] = {A(10 * PAGE) + 100, A(20 * PAGE) - 100};
+    /* The program registers bytes inside pages 20..30 itself. */
+    uintptr_t program[2] = {A(20 * PAGE) + 100, A(30 * PAGE) - 100};
     struct engine_program_call call = {{run_program_register, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_register(&engine, program[0], program[1] - program[0], 0, &call),
                  0);
-    uintptr_t expected[] = {A(0), A(10 * PAGE), A(20 * PAGE), A(64 * PAGE)};
+    uintptr_t expected[] = {A(0), A(20 * PAGE), A(30 * PAGE), A(64 * PAGE)};
     expect_ranges(expected, 2);
     cr_assert_eq(mock.overlap_violations, 0);
     cr_assert(engine_is_shim_registration(&engine, A(5 * PAGE)));
-    cr_assert_not(engine_is_shim_registration(&engine, A(15 * PAGE)));
+    cr_assert_not(engine_is_shim_registration(&engine, A(25 * PAGE)));
     /* The shim never undoes the program's registration, also not at munlock. */
     unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
     expect_ranges(NULL, 0);
@@ -1134,7 +1203,6 @@ Test(engine, program_registration_takes_the_pages_over)
     pthread_mutex_unlock(&mock.mutex);
     /* A new lock over it registers around it, never over it. */
     lock(A(0), 64 * PAGE);
-    expected[1] = A(10 * PAGE);
     expect_ranges(expected, 2);
 }
 
@@ -1149,9 +1217,9 @@ Test(engine, program_unregistration_lets_the_shim_take_the_pages_back)
     mock.locked_count = 1;
     struct engine_program_call undo = {{run_program_unregister, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
-    uintptr_t expected[] = {A(0),         A(10 * PAGE), A(10 * PAGE),
-                            A(20 * PAGE), A(20 * PAGE), A(64 * PAGE)};
-    expect_ranges(expected, 3);
+    /* Given back, the pages join their neighbours: one run, one registration. */
+    uintptr_t expected[] = {A(0), A(64 * PAGE)};
+    expect_ranges(expected, 1);
     cr_assert_eq(engine_stats(&engine)->program_took_back, 1);
 }
 
@@ -1169,9 +1237,8 @@ Test(engine, take_back_follows_the_registry_without_asking_the_kernel)
     struct engine_program_call undo = {{run_program_unregister, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_unregister(&engine, program[0], &undo), 0);
     cr_assert_eq(mock.locked_parts_calls, asked, "the take-back asked the kernel");
-    uintptr_t expected[] = {A(0),         A(10 * PAGE), A(10 * PAGE),
-                            A(20 * PAGE), A(20 * PAGE), A(64 * PAGE)};
-    expect_ranges(expected, 3);
+    uintptr_t expected[] = {A(0), A(64 * PAGE)};
+    expect_ranges(expected, 1);
 }
 
 /* Pages the program unlocked while it owned them are not taken back; pages
@@ -1235,8 +1302,8 @@ Test(engine, a_failed_program_registration_gives_the_pages_back)
     struct engine_program_call call = {{run_program_register, program, "test"}, MOCK_OK};
     cr_assert_eq(engine_program_register(&engine, program[0], program[1] - program[0], 0, &call),
                  MOCK_ALREADY_REGISTERED);
-    uintptr_t expected[] = {A(0), A(32 * PAGE), A(32 * PAGE), A(64 * PAGE)};
-    expect_ranges(expected, 2);
+    uintptr_t expected[] = {A(0), A(64 * PAGE)};
+    expect_ranges(expected, 1);
 }
 
 /* ---- scale ---- */
@@ -1250,18 +1317,25 @@ Test(engine, many_ranges_release_and_fill, .timeout = 120)
     mock.count_only = true;
     for (uintptr_t i = 0; i < COUNT; i++)
         lock(A(2 * i * 16 * PAGE), 16 * PAGE);
-    /* Every other 16-page block is registered; now lock the whole span. */
+    /* Every other 16-page block is registered; now lock the whole span,
+     * which joins them all into one run. */
     lock(A(0), 2 * COUNT * 16 * PAGE);
     struct pinshim_counters counters;
     engine_get_counters(&engine, &counters);
-    cr_assert_eq(counters.live_ranges, 2 * COUNT);
+    cr_assert_eq(counters.live_ranges, 1);
     cr_assert_eq(counters.live_bytes, 2 * COUNT * 16 * PAGE);
-    cr_assert_eq(mock.live_count, 2 * COUNT);
+    cr_assert_eq(mock.live_count, 1);
+    cr_assert_eq(engine.registry.count, 1);
+    /* Cut into COUNT runs again by unlocking every other block. */
+    for (uintptr_t i = 0; i < COUNT; i++)
+        unlock(A((2 * i + 1) * 16 * PAGE), A((2 * i + 2) * 16 * PAGE), RELEASE_MUNLOCK);
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.live_ranges, COUNT);
     engine_shutdown(&engine);
     cr_assert_eq(mock.live_count, 0);
-    cr_assert_eq(engine.live_ranges_at_exit, 2 * COUNT);
+    cr_assert_eq(engine.live_ranges_at_exit, COUNT);
     engine_get_counters(&engine, &counters);
-    cr_assert_eq(counters.unregister_exit, 2 * COUNT);
+    cr_assert_eq(counters.unregister_exit, COUNT);
     cr_assert_not(engine_has_registrations(&engine));
 }
 
@@ -1274,22 +1348,10 @@ static unsigned next_random(unsigned *state)
 }
 
 /* Whether the free of [start, end) would release pages by the free rule: the
- * block holds a byte some record's lock asked for, within that record's
- * pages (see engine_release_block). */
+ * block holds lock bytes (see engine_release_block). */
 static bool block_in_danger(uintptr_t start, uintptr_t end)
 {
-    uintptr_t cursor = start & ~(PAGE - 1);
-    while (cursor < end) {
-        struct range_record *record = range_registry_first_overlap(&engine.registry, cursor, end);
-        if (record == NULL)
-            return false;
-        uintptr_t from = record->lock_start > record->base ? record->lock_start : record->base;
-        uintptr_t to = record->lock_end < record->end ? record->lock_end : record->end;
-        if (from < to && from < end && start < to)
-            return true;
-        cursor = record->end;
-    }
-    return false;
+    return lock_bytes_any(&engine.lock_bytes, start, end);
 }
 
 /* Blocks in [memory, memory + size) with a glibc-like header; checks that
@@ -1329,20 +1391,13 @@ static uint64_t expected_entry(uintptr_t granule)
     uintptr_t reach = ENGINE_WINDOW_LIMIT;
     uintptr_t dangers[64][2];
     size_t count = 0;
-    uintptr_t cursor = granule > PAGE ? granule - PAGE : 0;
-    while (cursor < granule + reach + PAGE && count < 64) {
-        struct range_record *record =
-            range_registry_first_overlap(&engine.registry, cursor, granule + reach + PAGE);
-        if (record == NULL)
-            break;
-        uintptr_t from = record->lock_start > record->base ? record->lock_start : record->base;
-        uintptr_t to = record->lock_end < record->end ? record->lock_end : record->end;
-        if (from < to && to > granule) {
-            dangers[count][0] = from;
-            dangers[count][1] = to;
-            count++;
-        }
-        cursor = record->end;
+    uintptr_t cursor = granule, from, to;
+    while (cursor < granule + reach + PAGE && count < 64 &&
+           lock_bytes_next(&engine.lock_bytes, cursor, &from, &to)) {
+        dangers[count][0] = from;
+        dangers[count][1] = to;
+        count++;
+        cursor = to;
     }
     if (count == 0 || dangers[0][0] >= granule + reach)
         return 0;

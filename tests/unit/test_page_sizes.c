@@ -35,6 +35,7 @@ static struct {
     unsigned overlaps;      /* registrations CUDA would refuse with 712 */
     unsigned partial_pages; /* registrations not made of whole pages */
     uintptr_t page;         /* the page size the engine was given */
+    uintptr_t max_bytes;    /* larger registrations are refused (2); 0: none */
 } backend = {.mutex = PTHREAD_MUTEX_INITIALIZER};
 
 static enum engine_choice choose_place(void *context, bool from_worker,
@@ -56,7 +57,7 @@ static int register_range_code(void *context, struct range_place *place, void *b
     backend.register_calls++;
     if (start % backend.page != 0 || length % backend.page != 0 || length == 0)
         backend.partial_pages++;
-    int result = MOCK_OK;
+    int result = backend.max_bytes != 0 && length > backend.max_bytes ? 2 : MOCK_OK;
     for (size_t i = 0; i < backend.count && result == MOCK_OK; i++) {
         const struct registered_range *range = &backend.ranges[i];
         if (start < range->base + range->length && range->base < end) {
@@ -121,6 +122,7 @@ static void start_engine(uintptr_t page, uint64_t min_bytes, uint64_t max_regist
     backend.register_calls = backend.unregister_calls = 0;
     backend.overlaps = backend.partial_pages = 0;
     backend.page = page;
+    backend.max_bytes = 0;
     pthread_mutex_unlock(&backend.mutex);
     struct engine_options options = {.min_bytes = min_bytes,
                                      .max_registration_bytes = max_registration,
@@ -249,12 +251,12 @@ ParameterizedTest(uintptr_t *size, page_sizes, lock_registers_every_page_it_touc
     EXPECT_RANGES(page, A(0), A(3 * page));
     lock(A(5 * page), 2 * page); /* whole pages */
     EXPECT_RANGES(page, A(0), A(3 * page), A(5 * page), A(7 * page));
-    lock(A(8 * page - 1), 2); /* two bytes on either side of a page boundary */
-    EXPECT_RANGES(page, A(0), A(3 * page), A(5 * page), A(7 * page), A(7 * page), A(9 * page));
+    lock(A(8 * page - 1), 2); /* two bytes on either side of a page boundary: the run grows */
+    EXPECT_RANGES(page, A(0), A(3 * page), A(5 * page), A(9 * page));
     struct pinshim_counters counters;
     engine_get_counters(&engine, &counters);
     cr_assert_eq(counters.register_ok, 3);
-    cr_assert_eq(counters.register_bytes, 7 * page);
+    cr_assert_eq(counters.register_bytes, 9 * page);
     /* A byte of a registered page, even outside the lock's bytes, overlaps. */
     cr_assert(engine_may_overlap(&engine, A(1), A(2)));
     cr_assert_not(engine_may_overlap(&engine, A(3 * page), A(5 * page)), "the gap");
@@ -284,20 +286,28 @@ ParameterizedTestParameters(page_sizes, min_bytes_counts_the_lock_not_its_pages)
     return cr_make_param_array(uintptr_t, page_sizes, sizeof(page_sizes) / sizeof(*page_sizes));
 }
 
-/* PINSHIM_MIN_BYTES compares the lock's length: a 1 KiB lock on a 64 KiB
- * page stays unregistered however large its page. */
+/* PINSHIM_MIN_BYTES compares the bytes locked in a run: a 1 KiB lock on a
+ * 64 KiB page stays unregistered however large its page, and small locks
+ * that join one run count together. */
 ParameterizedTest(uintptr_t *size, page_sizes, min_bytes_counts_the_lock_not_its_pages)
 {
     uintptr_t page = *size;
     start_engine(page, 64 * KIB, 0);
     lock(A(0), KIB);
-    lock(A(page), 64 * KIB - 1);
+    uintptr_t second = A(2 * page + KIB); /* page 1 lies between */
+    lock(second, 64 * KIB - 1);
+    uintptr_t second_end = page_ceil(second + 64 * KIB - 1, page);
     EXPECT_NO_RANGES(page);
-    lock(A(4 * page + 8), 64 * KIB);
-    EXPECT_RANGES(page, A(4 * page), page_ceil(A(4 * page + 8 + 64 * KIB), page));
+    lock(A(20 * page + 8), 64 * KIB);
+    EXPECT_RANGES(page, A(20 * page), page_ceil(A(20 * page + 8 + 64 * KIB), page));
     struct pinshim_counters counters;
     engine_get_counters(&engine, &counters);
     cr_assert_eq(counters.register_skipped_small, 2);
+    /* A lock of the page between the two small ones joins them: 1 KiB +
+     * (64 KiB - 1) + 1 byte is 64 KiB locked in one run. */
+    lock(A(page), 1);
+    EXPECT_RANGES(page, A(0), second_end, A(20 * page),
+                  page_ceil(A(20 * page + 8 + 64 * KIB), page));
     stop_engine();
 }
 
@@ -336,19 +346,26 @@ ParameterizedTestParameters(page_sizes, registrations_are_chunked_on_page_bounda
     return cr_make_param_array(uintptr_t, page_sizes, sizeof(page_sizes) / sizeof(*page_sizes));
 }
 
-/* PINSHIM_MAX_REGISTRATION that is not a whole number of pages: the chunks
- * are the whole pages below it. */
+/* PINSHIM_MAX_REGISTRATION that is not a whole number of pages: when the
+ * driver refuses a run whole, the chunks are the whole pages below it. */
 ParameterizedTest(uintptr_t *size, page_sizes, registrations_are_chunked_on_page_boundaries)
 {
     uintptr_t page = *size;
     start_engine(page, 1, 2 * page + page / 2);
+    backend.max_bytes = 3 * page;
     lock(A(10), 5 * page); /* pages 0 to 5 */
     EXPECT_RANGES(page, A(0), A(2 * page), A(2 * page), A(4 * page), A(4 * page), A(6 * page));
     stop_engine();
     /* Below one page: one page each. */
     start_engine(page, 1, page / 2);
+    backend.max_bytes = 2 * page;
     lock(A(0), 3 * page);
     EXPECT_RANGES(page, A(0), A(page), A(page), A(2 * page), A(2 * page), A(3 * page));
+    stop_engine();
+    /* Taken whole, never cut. */
+    start_engine(page, 1, page / 2);
+    lock(A(0), 3 * page);
+    EXPECT_RANGES(page, A(0), A(3 * page));
     stop_engine();
 }
 
@@ -383,8 +400,9 @@ ParameterizedTest(uintptr_t *size, page_sizes, free_keeps_a_page_a_locked_neighb
 }
 
 /* Two locked blocks share page 1 (on 64 KiB pages, two 24 KiB buffers do):
- * x ends in its first half, y starts in its second half. The free of one
- * must not release the page while the other's lock needs it. */
+ * x ends in its first half, y starts in its second half. They are one run
+ * (one page is in one registration). The free of one must not release the
+ * page while the other's lock needs it. */
 static void free_one_of_two_locked_blocks(uintptr_t page, bool x_first)
 {
     start_engine(page, 1, 0);
@@ -393,21 +411,17 @@ static void free_one_of_two_locked_blocks(uintptr_t page, bool x_first)
     if (x_first) {
         lock(x, x_end - x);
         lock(y, y_end - y);
-        EXPECT_RANGES(page, A(0), A(2 * page), A(2 * page), A(4 * page));
     } else {
         lock(y, y_end - y);
         lock(x, x_end - x);
-        EXPECT_RANGES(page, A(0), A(page), A(page), A(4 * page));
     }
+    EXPECT_RANGES(page, A(0), A(4 * page));
     free_block(x, x_end);
     cr_assert(engine_is_registered(&engine, A(page)),
               "page %lu KiB, %s locked first: freeing x released page 1, which y's lock still "
               "needs",
               (unsigned long)(page / KIB), x_first ? "x" : "y");
-    if (x_first) /* page 1 stays registered on its own, now y's */
-        EXPECT_RANGES(page, A(page), A(2 * page), A(2 * page), A(4 * page));
-    else
-        EXPECT_RANGES(page, A(page), A(4 * page));
+    EXPECT_RANGES(page, A(page), A(4 * page));
     free_block(y, y_end);
     EXPECT_NO_RANGES(page);
     stop_engine();
@@ -444,7 +458,8 @@ ParameterizedTestParameters(page_sizes, free_inside_a_lock_releases_every_page_t
 }
 
 /* The free rule for a block whose bytes the lock covered (the program locked
- * an arena of blocks): every page the block touches goes, shared ones too. */
+ * an arena of blocks): the pages the block covers whole go; one it shares
+ * with a block the lock still holds stays. */
 ParameterizedTest(uintptr_t *size, page_sizes,
                   free_inside_a_lock_releases_every_page_the_block_touches)
 {
@@ -452,10 +467,14 @@ ParameterizedTest(uintptr_t *size, page_sizes,
     start_engine(page, 1, 0);
     lock(A(0), 16 * page);
     free_block(A(4 * page - 100), A(8 * page + 100));
-    EXPECT_RANGES(page, A(0), A(3 * page), A(9 * page), A(16 * page));
-    /* A block inside one page. */
+    EXPECT_RANGES(page, A(0), A(4 * page), A(8 * page), A(16 * page));
+    /* A block inside one page: the page keeps the lock's other bytes. */
     free_block(A(12 * page + 64), A(12 * page + 128));
-    EXPECT_RANGES(page, A(0), A(3 * page), A(9 * page), A(12 * page), A(13 * page), A(16 * page));
+    EXPECT_RANGES(page, A(0), A(4 * page), A(8 * page), A(16 * page));
+    /* Its neighbours freed too, the page is held by nothing: it goes. */
+    free_block(A(12 * page), A(12 * page + 64));
+    free_block(A(12 * page + 128), A(13 * page));
+    EXPECT_RANGES(page, A(0), A(4 * page), A(8 * page), A(12 * page), A(13 * page), A(16 * page));
     stop_engine();
 }
 

@@ -21,12 +21,8 @@ TestSuite(range_registry, .init = setup, .fini = teardown);
 
 static bool insert_range(uintptr_t base, uintptr_t end, enum range_state state)
 {
-    struct range_record record = {.base = base,
-                                  .end = end,
-                                  .lock_start = base,
-                                  .lock_end = end,
-                                  .place = {.device = -1},
-                                  .state = (uint8_t)state};
+    struct range_record record = {
+        .base = base, .end = end, .place = {.device = -1}, .state = (uint8_t)state};
     return range_registry_insert(&registry, &record) != NULL;
 }
 
@@ -117,13 +113,13 @@ Test(range_registry, split_keeps_pages_marked)
     uintptr_t a = 0x60000000;
     cr_assert(insert_range(a, a + 8 * PAGE, RANGE_REGISTERED));
     struct range_record *left = range_registry_find(&registry, a);
-    left->lock_start = a + 100;
+    left->kept_start = a + 100;
     left->place.device = 3;
     struct range_record *right = range_registry_split(&registry, a, a + 3 * PAGE);
     cr_assert_not_null(right);
     cr_assert_eq(right->base, a + 3 * PAGE);
     cr_assert_eq(right->end, a + 8 * PAGE);
-    cr_assert_eq(right->lock_start, a + 100);
+    cr_assert_eq(right->kept_start, a + 100);
     cr_assert_eq(right->place.device, 3);
     cr_assert_eq(right->state, RANGE_REGISTERED);
     cr_assert_eq(range_registry_find(&registry, a)->end, a + 3 * PAGE);
@@ -141,4 +137,31 @@ Test(range_registry, split_keeps_pages_marked)
     range_registry_remove(&registry, a + 3 * PAGE);
     cr_assert(page_index_any_used(&registry.index, a, a + 3 * PAGE));
     cr_assert_not(page_index_any_used(&registry.index, a + 3 * PAGE, a + 8 * PAGE));
+}
+
+/* A join keeps every page marked throughout (lock-free readers see no gap),
+ * drops the right part's base and slot, and keeps the left one's fields. */
+Test(range_registry, join_keeps_pages_marked)
+{
+    uintptr_t a = 0x61000000;
+    cr_assert(insert_range(a, a + 3 * PAGE, RANGE_REGISTERED));
+    cr_assert(insert_range(a + 3 * PAGE, a + 8 * PAGE, RANGE_HELD));
+    range_registry_find(&registry, a)->place.device = 2;
+    cr_assert_eq(registry.count, 2);
+    struct range_record *joined = range_registry_join(&registry, a);
+    cr_assert_not_null(joined);
+    cr_assert_eq(joined->base, a);
+    cr_assert_eq(joined->end, a + 8 * PAGE);
+    cr_assert_eq(joined->place.device, 2);
+    cr_assert_eq(joined->state, RANGE_REGISTERED);
+    cr_assert_eq(registry.count, 1);
+    cr_assert_null(range_registry_find(&registry, a + 3 * PAGE));
+    for (uintptr_t page = a; page < a + 8 * PAGE; page += PAGE)
+        cr_assert_eq(range_registry_containing(&registry, page + 9)->base, a);
+    /* Nothing to join with: nothing changes. */
+    cr_assert_null(range_registry_join(&registry, a));
+    cr_assert_null(range_registry_join(&registry, a + PAGE));
+    cr_assert_eq(registry.count, 1);
+    range_registry_remove(&registry, a);
+    cr_assert_not(page_index_any_used(&registry.index, a, a + 8 * PAGE));
 }

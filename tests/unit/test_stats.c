@@ -129,11 +129,21 @@ Test(stats, json_is_valid_and_has_the_documented_keys)
                              "live.peak_bytes"};
     for (size_t i = 0; i < sizeof(numbers) / sizeof(*numbers); i++)
         number_at(doc, numbers[i]);
-    const char *new_numbers[] = {"context.contexts_created",      "deferred.ranges",
-                                 "deferred.registered_later",     "deferred.pending_bytes_at_exit",
-                                 "thread.queued_at_exit",         "thread.background_seconds",
-                                 "program.registrations",         "unregister.program",
-                                 "register.skipped_onfault_pages"};
+    const char *new_numbers[] = {"context.contexts_created",
+                                 "deferred.ranges",
+                                 "deferred.registered_later",
+                                 "deferred.pending_bytes_at_exit",
+                                 "thread.queued_at_exit",
+                                 "thread.background_seconds",
+                                 "program.registrations",
+                                 "unregister.program",
+                                 "register.skipped_onfault_pages",
+                                 "unregister.join",
+                                 "runs.joined",
+                                 "runs.join_failed",
+                                 "runs.chunked",
+                                 "runs.held_ranges_at_exit",
+                                 "runs.held_bytes_at_exit"};
     for (size_t i = 0; i < sizeof(new_numbers) / sizeof(*new_numbers); i++)
         number_at(doc, new_numbers[i]);
     cr_assert(json_lite_get_string(doc, "context.mode", text, sizeof(text)));

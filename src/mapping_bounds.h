@@ -1,0 +1,64 @@
+/* Mapping bounds: where the mappings the program made with mmap (and moved
+ * or resized with mremap) begin and end, as far as the shim saw them. The
+ * engine joins neighbouring locked pages into one registration, since a copy
+ * may not cross from one registration into the next; but two mappings made
+ * by two mmap calls are two objects, even where the kernel placed them side
+ * by side (it does so for consecutive calls), and no valid copy spans two
+ * objects. A run of locked pages is therefore cut where a mapping the shim
+ * saw begins or ends, and nowhere else: releasing one of several
+ * side-by-side buffers then registers none of the others again.
+ *
+ * Heap blocks are not told apart here: glibc puts a chunk header between
+ * two blocks, so blocks that own whole pages never sit on adjacent pages,
+ * and blocks that share a page must share its registration anyway. An
+ * allocator that packs whole-page blocks back to back joins them; releasing
+ * one then registers the other again (time, never a failed copy). A mapping
+ * the shim does not see (glibc's own, a raw system call, shmat) has no
+ * bounds here, with the same effect.
+ *
+ * Marks: a bit per 4 KiB granule in two maps of a page index: "a mapping
+ * starts here" and "a mapping ends right before here". A new mapping sets
+ * its two and clears those inside it; an unmapping clears the marks its
+ * range owned. Writers take a small lock of its own (the holder's pid in the
+ * lock word, so that a fork child never waits for a thread it does not
+ * have); readers (the engine, under its own mutex) read single bits without
+ * it: a mark between two pages the engine tracks changes only in calls the
+ * engine itself runs on those pages. */
+#ifndef PINSHIM_MAPPING_BOUNDS_H
+#define PINSHIM_MAPPING_BOUNDS_H
+
+#include "page_index.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct mapping_bounds {
+    struct page_index marks; /* USED map: starts here; BASE map: ends before here */
+    int lock;                /* 0, or the pid of the process whose thread holds it */
+    int ready;               /* 0: not set up yet; 1: marks usable; -1: no memory for them */
+};
+
+/* A new mapping covers [start, end) (page-aligned): it starts and ends
+ * there, and marks inside it are gone. */
+void mapping_bounds_note_mapped(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end);
+/* [start, end) was unmapped: the marks it owned go. */
+void mapping_bounds_note_unmapped(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end);
+/* A mapping that ended at old_end (page-aligned) now ends at new_end, in
+ * place (mremap without a move). */
+void mapping_bounds_note_resized(struct mapping_bounds *bounds, uintptr_t old_end,
+                                 uintptr_t new_end);
+/* mremap(old_start, old_size, new_size, flags) returned new_start (not
+ * MAP_FAILED): moved, the old range is unmapped (but with MREMAP_DONTUNMAP)
+ * and the new one is a mapping of its own; in place, only its end moved.
+ * Sizes are rounded to page_size. */
+void mapping_bounds_note_remapped(struct mapping_bounds *bounds, uintptr_t old_start,
+                                  size_t old_size, size_t new_size, int flags, uintptr_t new_start,
+                                  uintptr_t page_size);
+/* Whether a mapping the shim saw begins or ends at address (page-aligned):
+ * the pages on either side belong to two objects. NULL bounds: none. */
+bool mapping_bounds_split_at(const struct mapping_bounds *bounds, uintptr_t address);
+/* Frees the marks (tests). */
+void mapping_bounds_destroy(struct mapping_bounds *bounds);
+
+#endif
