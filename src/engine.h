@@ -288,6 +288,12 @@ static inline uint64_t engine_window_after_entry(uintptr_t b, uintptr_t next)
     ((ENGINE_WINDOW_BYTES >> PAGE_INDEX_GRANULE_SHIFT) + ENGINE_WINDOW_REACH + 1)
 #define ENGINE_WINDOW_MAP_BYTES (ENGINE_WINDOW_ENTRIES * sizeof(uint64_t))
 
+/* How long the registration thread waits after the last change of the
+ * queue before it registers: a loop locking a buffer piece by piece (a
+ * lock of a few MiB takes a millisecond or so to fault its pages in) joins
+ * its pieces while they are queued. bench/run_joins measures the effect. */
+#define ENGINE_QUEUE_QUIET_NANOSECONDS (2ull * 1000 * 1000)
+
 #define ENGINE_ERROR_SLOTS 32
 #define ENGINE_CLAIMS 64 /* at most 64: claims_taken is their bitmask */
 #define ENGINE_MAX_DEVICES 64
@@ -401,6 +407,13 @@ struct engine {
      * (PENDING), by base; stale entries are skipped. */
     struct engine_waiting *queue_head, *queue_tail, *pending_head, *pending_tail;
     size_t queued_ranges, pending_ranges; /* written under the mutex, read without it */
+    /* When a record last became QUEUED (CLOCK_MONOTONIC, ns): the
+     * registration thread lets a burst of locks settle first
+     * (ENGINE_QUEUE_QUIET_NANOSECONDS), so that pieces locked one after
+     * another join while queued, at no call, and the run is registered
+     * once; engine_drain waits for no quiet (drains_waiting). */
+    uint64_t queue_changed_ns;
+    unsigned drains_waiting;
     uint64_t pending_bytes;
     uint64_t pending_passes; /* looks finished (engine_drain waits for one) */
     /* What the engine counts: its own block until a live record takes the

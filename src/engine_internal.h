@@ -4,7 +4,9 @@
  *
  *   engine_records.c   records, the free path's window and span, state counts
  *   engine_claims.c    claims on pages and the begin/run/end of an operation
- *   engine_protocol.c  registering and releasing, and the entry points that
+ *   engine_calls.c     the backend's register and unregister calls, counted,
+ *                      and a refused range cut by mapping kind
+ *   engine_protocol.c  tracking and releasing, and the entry points that
  *                      lock, map, unlock and free: the protocol in one place
  *   engine_runs.c      runs of locked pages: each run one registration, or
  *                      held whole; joined, cut and registered again
@@ -205,7 +207,7 @@ long engine_op_run(struct engine_op *op, const struct engine_call *call, int *ca
 /* Work for the registration thread was added. */
 void engine_want_worker_locked(struct engine_op *op);
 
-/* ---- registering and releasing (engine_protocol.c) ---- */
+/* ---- the backend's calls (engine_calls.c) and the protocol (engine_protocol.c) ---- */
 
 /* The record at base is REGISTERING: makes the backend call (the mutex
  * dropped; the caller's claim covers the record) and records a success, or

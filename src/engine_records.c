@@ -9,6 +9,7 @@
 
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 static void publish_record_count(struct engine *engine)
@@ -294,8 +295,12 @@ static void account_locked(struct engine *engine, const struct range_record *rec
     uint64_t signed_bytes = sign > 0 ? bytes : (uint64_t)0 - bytes;
     if (record->state == RANGE_QUEUED) {
         __atomic_store_n(&engine->queued_ranges, engine->queued_ranges + ranges, __ATOMIC_RELAXED);
-        if (sign > 0 && listed)
+        if (sign > 0 && listed) {
             waiting_push_locked(engine, &engine->queue_head, &engine->queue_tail, record->base);
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            engine->queue_changed_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+        }
     } else if (record->state == RANGE_PENDING) {
         __atomic_store_n(&engine->pending_ranges, engine->pending_ranges + ranges,
                          __ATOMIC_RELAXED);

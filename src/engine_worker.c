@@ -100,6 +100,18 @@ void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool qu
     if (backoff > poll_nanoseconds)
         backoff = poll_nanoseconds;
     while (!engine->shut_down) {
+        if (engine->queue_head != NULL && engine->drains_waiting == 0 && !queued_only) {
+            /* A burst of locks still coming: let it settle first. */
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            uint64_t at = engine->queue_changed_ns + ENGINE_QUEUE_QUIET_NANOSECONDS;
+            uint64_t now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+            if (now_ns < at) {
+                struct timespec until = {(time_t)(at / 1000000000u), (long)(at % 1000000000u)};
+                pthread_cond_timedwait(&engine->changed, &engine->mutex, &until);
+                continue;
+            }
+        }
         struct engine_waiting *entry =
             engine_waiting_pop_locked(&engine->queue_head, &engine->queue_tail);
         if (entry != NULL) {
@@ -140,6 +152,8 @@ size_t engine_drain(struct engine *engine, bool look_for_context)
     int cancel_state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     pthread_mutex_lock(&engine->mutex);
+    engine->drains_waiting++;
+    pthread_cond_broadcast(&engine->changed); /* no quiet period while a drain waits */
     if (look_for_context && engine->pending_ranges != 0 && !engine->shut_down) {
         /* The thread may sleep in its back-off or not run at all: wake it
          * and wait for one whole look, rather than look here (one thread
@@ -156,6 +170,7 @@ size_t engine_drain(struct engine *engine, bool look_for_context)
            (engine->queued_ranges != 0 || engine->worker_busy))
         pthread_cond_wait(&engine->changed, &engine->mutex);
     size_t pending = engine->pending_ranges;
+    engine->drains_waiting--;
     pthread_mutex_unlock(&engine->mutex);
     int ignored;
     pthread_setcancelstate(cancel_state, &ignored);

@@ -47,6 +47,9 @@ static struct {
     uint64_t locked_parts_calls;
     uintptr_t unmapped_from;     /* is_mapped: false for ranges reaching it (0: all mapped) */
     uint64_t max_register_bytes; /* larger registrations fail with 2 (0: no limit) */
+    /* mapping_kinds: [start, end, kind] triples; none: every page writable */
+    uintptr_t kinds[8][3];
+    size_t kinds_count;
 } mock = {.mutex = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
 
 static enum engine_choice mock_choose_place(void *context, bool from_worker,
@@ -195,6 +198,35 @@ static bool mock_is_mapped(void *context, uintptr_t start, uintptr_t end)
     return mock.unmapped_from == 0 || end <= mock.unmapped_from;
 }
 
+static bool mock_mapping_kinds(void *context, uintptr_t start, uintptr_t end,
+                               void (*found)(void *, uintptr_t, uintptr_t,
+                                             enum engine_mapping_kind),
+                               void *found_context)
+{
+    (void)context;
+    uintptr_t cursor = start;
+    for (size_t i = 0; i < mock.kinds_count && cursor < end; i++) {
+        uintptr_t from = mock.kinds[i][0] > cursor ? mock.kinds[i][0] : cursor;
+        uintptr_t to = mock.kinds[i][1] < end ? mock.kinds[i][1] : end;
+        if (from >= to)
+            continue;
+        if (from > cursor)
+            found(found_context, cursor, from, ENGINE_MAPPING_WRITABLE);
+        found(found_context, from, to, (enum engine_mapping_kind)mock.kinds[i][2]);
+        cursor = to;
+    }
+    if (cursor < end)
+        found(found_context, cursor, end, ENGINE_MAPPING_WRITABLE);
+    return true;
+}
+
+static bool mock_read_only_supported(void *context, const struct range_place *place)
+{
+    (void)context;
+    (void)place;
+    return true;
+}
+
 static void mock_wake_worker(void *context)
 {
     (void)context;
@@ -210,6 +242,8 @@ static const struct engine_backend mock_backend = {
     .resident_parts = mock_resident_parts,
     .is_mapped = mock_is_mapped,
     .wake_worker = mock_wake_worker,
+    .mapping_kinds = mock_mapping_kinds,
+    .read_only_supported = mock_read_only_supported,
 };
 
 static struct engine engine;
@@ -249,6 +283,7 @@ static void setup(void)
     mock.locked_count = mock.resident_count = 0;
     mock.unmapped_from = 0;
     mock.max_register_bytes = 0;
+    mock.kinds_count = 0;
     pthread_mutex_unlock(&mock.mutex);
     struct engine_options wanted = options(false, 0);
     cr_assert(engine_init(&engine, &mock_backend, &wanted));
@@ -1304,6 +1339,196 @@ Test(engine, a_failed_program_registration_gives_the_pages_back)
                  MOCK_ALREADY_REGISTERED);
     uintptr_t expected[] = {A(0), A(64 * PAGE)};
     expect_ranges(expected, 1);
+}
+
+/* ---- runs: one registration each (issue 34) ---- */
+
+static struct mapping_bounds bounds;
+
+/* Buffers mapped one after another sit side by side: each is an object of
+ * its own, and releasing one registers none of the others again. */
+Test(engine, side_by_side_mappings_are_apart_and_released_alone)
+{
+    engine_set_mapping_bounds(&engine, &bounds);
+    for (uintptr_t i = 0; i < 8; i++)
+        mapping_bounds_note_mapped(&bounds, A(i * 32 * PAGE), A((i + 1) * 32 * PAGE));
+    for (uintptr_t i = 0; i < 8; i++)
+        lock(A(i * 32 * PAGE), 32 * PAGE);
+    cr_assert_eq(mock.register_calls, 8);
+    cr_assert_eq(mock.unregister_calls, 0);
+    unlock(A(3 * 32 * PAGE), A(4 * 32 * PAGE), RELEASE_MUNMAP);
+    mapping_bounds_note_unmapped(&bounds, A(3 * 32 * PAGE), A(4 * 32 * PAGE));
+    cr_assert_eq(mock.register_calls, 8, "releasing one registered another again");
+    cr_assert_eq(mock.unregister_calls, 1);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.live_ranges, 7);
+    /* One object locked in two calls is one run. */
+    mapping_bounds_note_mapped(&bounds, A(300 * PAGE), A(364 * PAGE));
+    lock(A(300 * PAGE), 32 * PAGE);
+    lock(A(332 * PAGE), 32 * PAGE);
+    cr_assert(engine_is_registered(&engine, A(331 * PAGE)));
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.live_ranges, 8);
+    mapping_bounds_destroy(&bounds);
+}
+
+/* Pieces of one buffer locked in any order end as one registration. */
+Test(engine, pieces_in_any_order_make_one_registration)
+{
+    static const int orders[3][8] = {
+        {0, 1, 2, 3, 4, 5, 6, 7}, {7, 6, 5, 4, 3, 2, 1, 0}, {3, 0, 6, 1, 7, 2, 5, 4}};
+    for (int order = 0; order < 3; order++) {
+        uintptr_t base = A((uintptr_t)order * 256 * PAGE);
+        for (int i = 0; i < 8; i++)
+            lock(base + (uintptr_t)orders[order][i] * 16 * PAGE, 16 * PAGE);
+        unsigned registered = 0;
+        pthread_mutex_lock(&mock.mutex);
+        for (size_t r = 0; r < mock.count; r++)
+            registered += mock.ranges[r].base == base && mock.ranges[r].length == 128 * PAGE;
+        pthread_mutex_unlock(&mock.mutex);
+        cr_assert_eq(registered, 1, "order %d: not one registration", order);
+    }
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.live_ranges, 3);
+    cr_assert_eq(mock.overlap_violations, 0);
+}
+
+/* Two small buffers on one page: one page is in one registration, so they
+ * are one run; the free of one leaves the other (and the shared page)
+ * registered whole. */
+Test(engine, buffers_sharing_a_page_are_one_run)
+{
+    uintptr_t x = A(PAGE / 2), x_end = A(20 * PAGE + 1000);
+    uintptr_t y = x_end + 16, y_end = A(40 * PAGE);
+    lock(x, x_end - x);
+    lock(y, y_end - y);
+    uintptr_t expected[] = {A(0), A(40 * PAGE)};
+    expect_ranges(expected, 1);
+    free_block(x, x_end);
+    uintptr_t rest[] = {A(20 * PAGE), A(40 * PAGE)};
+    expect_ranges(rest, 1);
+    cr_assert(engine_is_registered(&engine, y));
+}
+
+/* A lock below min_bytes beside a registered run joins it; alone it is
+ * held, and two such that add up to min_bytes in one run are registered. */
+Test(engine, small_locks_join_their_run)
+{
+    lock(A(0), 32 * PAGE);
+    lock(A(32 * PAGE), 100); /* 100 bytes: one page */
+    uintptr_t joined[] = {A(0), A(33 * PAGE)};
+    expect_ranges(joined, 1);
+    lock(A(100 * PAGE), 8 * PAGE);
+    lock(A(120 * PAGE), 8 * PAGE);
+    expect_ranges(joined, 1);
+    cr_assert_eq(engine_stats(&engine)->held_ranges, 2);
+    lock(A(108 * PAGE), 12 * PAGE); /* 28 pages, 112 KiB locked in one run */
+    uintptr_t both[] = {A(0), A(33 * PAGE), A(100 * PAGE), A(128 * PAGE)};
+    expect_ranges(both, 2);
+    cr_assert_eq(engine_stats(&engine)->held_ranges, 0);
+}
+
+/* The driver refuses the grown run (here: larger than it takes): what was
+ * registered before is registered again as it was, the new pages apart,
+ * counted and warned once; nothing is left unregistered that can be. */
+Test(engine, a_refused_union_falls_back_to_the_old_pieces)
+{
+    mock.max_register_bytes = 40 * PAGE;
+    lock(A(0), 32 * PAGE);
+    lock(A(32 * PAGE), 16 * PAGE);
+    uintptr_t pieces[] = {A(0), A(32 * PAGE), A(32 * PAGE), A(48 * PAGE)};
+    expect_ranges(pieces, 2);
+    cr_assert_eq(engine_stats(&engine)->join_failed, 1);
+    struct pinshim_counters counters;
+    engine_get_counters(&engine, &counters);
+    cr_assert_eq(counters.register_failed, 0, "the pieces were registered");
+    /* Released, the rest is one run again, registered whole. */
+    unlock(A(40 * PAGE), A(48 * PAGE), RELEASE_MUNLOCK);
+    uintptr_t rest[] = {A(0), A(40 * PAGE)};
+    expect_ranges(rest, 1);
+}
+
+/* Pages no registration covers (VM_IO here) hold their run: the rest is not
+ * registered either, so a copy across works unregistered. PROT_NONE pages
+ * (no copy crosses them) cut the run instead: both sides registered. */
+Test(engine, refused_pages_hold_their_run_and_no_access_pages_cut_it)
+{
+    mock.kinds[0][0] = A(40 * PAGE);
+    mock.kinds[0][1] = A(44 * PAGE);
+    mock.kinds[0][2] = ENGINE_MAPPING_IO;
+    mock.kinds[1][0] = A(140 * PAGE);
+    mock.kinds[1][1] = A(144 * PAGE);
+    mock.kinds[1][2] = ENGINE_MAPPING_NO_ACCESS;
+    mock.kinds_count = 2;
+    mock.max_register_bytes = 1; /* every first try fails: the kinds are read */
+    lock(A(0), 64 * PAGE);
+    expect_ranges(NULL, 0);
+    cr_assert_eq(engine_state_at(&engine, A(10 * PAGE)), RANGE_HELD);
+    mock.max_register_bytes = 0;
+    /* A lock beside a held run joins it, and stays held. */
+    lock(A(64 * PAGE), 32 * PAGE);
+    expect_ranges(NULL, 0);
+    /* The cut: a failure that finds PROT_NONE in the middle. */
+    mock.max_register_bytes = 64 * PAGE;
+    lock(A(100 * PAGE), 100 * PAGE);
+    uintptr_t sides[] = {A(100 * PAGE), A(140 * PAGE), A(144 * PAGE), A(200 * PAGE)};
+    expect_ranges(sides, 2);
+}
+
+/* With a registration thread: pieces locked while queued join at no call,
+ * and a lock beside a registered run unregisters it before it returns (a
+ * copy across the two then works unregistered until the whole is). */
+Test(engine, asynchronous_pieces_join_while_queued)
+{
+    restart_engine(options(true, 0));
+    for (uintptr_t i = 0; i < 16; i++)
+        lock(A(i * 16 * PAGE), 16 * PAGE);
+    cr_assert_eq(mock.register_calls, 0);
+    engine_worker_run(&engine, 1000000, false);
+    uintptr_t whole[] = {A(0), A(256 * PAGE)};
+    expect_ranges(whole, 1);
+    cr_assert_eq(mock.register_calls, 1);
+    lock(A(256 * PAGE), 16 * PAGE);
+    expect_ranges(NULL, 0);
+    cr_assert_eq(mock.unregister_calls, 1);
+    engine_worker_run(&engine, 1000000, false);
+    uintptr_t grown[] = {A(0), A(272 * PAGE)};
+    expect_ranges(grown, 1);
+}
+
+struct neighbour_job {
+    uintptr_t start;
+    unsigned pieces;
+};
+
+static void *lock_neighbours_main(void *argument)
+{
+    struct neighbour_job *job = argument;
+    for (unsigned i = 0; i < job->pieces; i++)
+        engine_lock(&engine, job->start + (uintptr_t)i * 8 * PAGE, 8 * PAGE, 0, &succeeds);
+    return NULL;
+}
+
+/* Many threads locking neighbouring pieces at once end with one
+ * registration, and no call ever overlapped another. */
+Test(engine, threads_locking_neighbours_end_with_one_registration, .timeout = 60)
+{
+    mock.register_delay = 200;
+    enum { THREADS = 8, PIECES = 16 };
+    pthread_t threads[THREADS];
+    struct neighbour_job jobs[THREADS];
+    for (unsigned t = 0; t < THREADS; t++) {
+        /* Interleaved: thread t's pieces alternate with the others'. */
+        jobs[t] = (struct neighbour_job){A((uintptr_t)t * PIECES * 8 * PAGE), PIECES};
+        pthread_create(&threads[t], NULL, lock_neighbours_main, &jobs[t]);
+    }
+    for (unsigned t = 0; t < THREADS; t++)
+        pthread_join(threads[t], NULL);
+    uintptr_t whole[] = {A(0), A(THREADS * PIECES * 8 * PAGE)};
+    expect_ranges(whole, 1);
+    cr_assert_eq(mock.overlap_violations, 0);
 }
 
 /* ---- scale ---- */
