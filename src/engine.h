@@ -288,11 +288,13 @@ static inline uint64_t engine_window_after_entry(uintptr_t b, uintptr_t next)
     ((ENGINE_WINDOW_BYTES >> PAGE_INDEX_GRANULE_SHIFT) + ENGINE_WINDOW_REACH + 1)
 #define ENGINE_WINDOW_MAP_BYTES (ENGINE_WINDOW_ENTRIES * sizeof(uint64_t))
 
-/* How long the registration thread waits after the last change of the
- * queue before it registers: a loop locking a buffer piece by piece (a
- * lock of a few MiB takes a millisecond or so to fault its pages in) joins
- * its pieces while they are queued. bench/run_joins measures the effect. */
+/* How long, at least and at most, the registration thread waits after the
+ * last change of the queue before it registers: a loop locking a buffer
+ * piece by piece (a lock of a few MiB takes a millisecond or so to fault its
+ * pages in) joins its pieces while they are queued. bench/run_joins
+ * measures the effect. */
 #define ENGINE_QUEUE_QUIET_NANOSECONDS (2ull * 1000 * 1000)
+#define ENGINE_QUEUE_QUIET_MAX_NANOSECONDS (1000ull * 1000 * 1000)
 
 #define ENGINE_ERROR_SLOTS 32
 #define ENGINE_CLAIMS 64 /* at most 64: claims_taken is their bitmask */
@@ -414,6 +416,16 @@ struct engine {
      * once; engine_drain waits for no quiet (drains_waiting). */
     uint64_t queue_changed_ns;
     unsigned drains_waiting;
+    /* How long the registration thread's last registration took: the quiet
+     * it waits for is twice that (at least ENGINE_QUEUE_QUIET_NANOSECONDS,
+     * at most ENGINE_QUEUE_QUIET_MAX_NANOSECONDS), so that locks that come
+     * faster than a registration of their run join while queued and the run
+     * is registered a few times, not once per lock. */
+    uint64_t last_background_ns;
+    /* When the queue last went from empty to not empty: nothing waits
+     * longer than ENGINE_QUEUE_QUIET_MAX_NANOSECONDS for quiet, so that a
+     * steady stream of locks cannot keep the queue from being registered. */
+    uint64_t queue_filled_ns;
     uint64_t pending_bytes;
     uint64_t pending_passes; /* looks finished (engine_drain waits for one) */
     /* What the engine counts: its own block until a live record takes the

@@ -296,10 +296,13 @@ static void account_locked(struct engine *engine, const struct range_record *rec
     if (record->state == RANGE_QUEUED) {
         __atomic_store_n(&engine->queued_ranges, engine->queued_ranges + ranges, __ATOMIC_RELAXED);
         if (sign > 0 && listed) {
+            bool was_empty = engine->queue_head == NULL;
             waiting_push_locked(engine, &engine->queue_head, &engine->queue_tail, record->base);
             struct timespec now;
             clock_gettime(CLOCK_MONOTONIC, &now);
             engine->queue_changed_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+            if (was_empty)
+                engine->queue_filled_ns = engine->queue_changed_ns;
         }
     } else if (record->state == RANGE_PENDING) {
         __atomic_store_n(&engine->pending_ranges, engine->pending_ranges + ranges,

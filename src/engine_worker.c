@@ -21,7 +21,9 @@ static void register_queued_locked(struct engine *engine, uintptr_t base)
         end = record->end;
         engine->worker_busy = true;
         engine_set_state_locked(engine, record, RANGE_REGISTERING);
+        uint64_t before = engine_stats(engine)->background_nanoseconds;
         struct engine_result result = engine_try_register_locked(engine, base, true);
+        engine->last_background_ns = engine_stats(engine)->background_nanoseconds - before;
         if (engine_registration_failed(result) &&
             engine_registration_failed_locked(&op, base, result, true))
             engine_settle_locked(&op, base, end);
@@ -104,7 +106,12 @@ void engine_worker_run(struct engine *engine, uint64_t poll_nanoseconds, bool qu
             /* A burst of locks still coming: let it settle first. */
             struct timespec now;
             clock_gettime(CLOCK_MONOTONIC, &now);
-            uint64_t at = engine->queue_changed_ns + ENGINE_QUEUE_QUIET_NANOSECONDS;
+            uint64_t quiet = 2 * engine->last_background_ns;
+            if (quiet < ENGINE_QUEUE_QUIET_NANOSECONDS)
+                quiet = ENGINE_QUEUE_QUIET_NANOSECONDS;
+            if (quiet > ENGINE_QUEUE_QUIET_MAX_NANOSECONDS)
+                quiet = ENGINE_QUEUE_QUIET_MAX_NANOSECONDS;
+            uint64_t at = engine->queue_changed_ns + quiet;
             uint64_t now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
             if (now_ns < at) {
                 struct timespec until = {(time_t)(at / 1000000000u), (long)(at % 1000000000u)};

@@ -392,8 +392,9 @@ const struct option_spec option_table[OPT_COUNT] = {
      .cli_argument = "SIZE",
      .accepted = "bytes, or with a K/M/G suffix (powers of 1024)",
      .default_text = "64K",
-     .help = "Smallest lock that is registered; posix_memalign requests of at least this (and "
-             "of at least 64K) get whole pages.",
+     .help = "Fewest bytes locked in a run of locked pages for it to be registered (a smaller "
+             "lock alone stays locked only, and asks the runtime nothing); posix_memalign "
+             "requests of at least this (and of at least 64K) get whole pages.",
      .parse = parse_min_bytes},
     {.id = OPT_FLAGS,
      .env_name = "PINSHIM_FLAGS",
@@ -504,8 +505,10 @@ const struct option_spec option_table[OPT_COUNT] = {
      .cli_argument = "SIZE",
      .accepted = "bytes, or with a K/M/G suffix (powers of 1024), at least 4K",
      .default_text = "64G",
-     .help = "Largest single registration; larger locked ranges are registered in chunks "
-             "of this size (drivers of the R580 series refuse 512 GiB and more in one call).",
+     .help = "The chunks a run of locked pages larger than this is registered in when the "
+             "driver refuses it in one call (drivers of the R580 series refuse 512 GiB and "
+             "more); a run the driver takes whole is never cut, since a copy across a joint "
+             "fails.",
      .parse = parse_max_registration},
     {.id = OPT_ONFAULT,
      .env_name = "PINSHIM_ONFAULT",
@@ -513,8 +516,10 @@ const struct option_spec option_table[OPT_COUNT] = {
      .cli_argument = "RULE",
      .accepted = "resident, skip, all",
      .default_text = "resident",
-     .help = "What mlock2(MLOCK_ONFAULT) registers: the pages resident when it returns, "
-             "nothing, or the whole range (which faults it all in).",
+     .help = "What mlock2(MLOCK_ONFAULT) registers: resident registers the lock when every "
+             "page is resident when it returns, and otherwise holds its run of locked pages "
+             "unregistered until a plain lock faults them in; skip holds it always; all "
+             "registers the whole range (which faults it all in).",
      .parse = parse_onfault},
     {.id = OPT_FORK,
      .env_name = "PINSHIM_FORK",
