@@ -55,8 +55,9 @@ static void register_moved_locked(struct engine_op *op, struct engine_ticket *ti
         uintptr_t start = new_start + (from - old_start);
         uintptr_t end = new_start + (to - old_start);
         if (to == old_end || end > new_end) {
-            if (end < new_end)
-                engine_lock_bytes_add_locked(engine, end, new_end); /* the grown tail */
+            uintptr_t tail = end; /* the grown tail's first byte */
+            if (tail < new_end)
+                engine_lock_bytes_add_locked(engine, tail, new_end);
             end = new_end;
         }
         if (start < end)

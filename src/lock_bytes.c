@@ -150,13 +150,13 @@ static void drop(struct lock_bytes *set, uintptr_t start)
     set->count--;
 }
 
-static bool put(struct lock_bytes *set, uintptr_t start, uintptr_t end)
+static bool put(struct lock_bytes *set, uintptr_t low, uintptr_t high)
 {
     struct lock_bytes_node *node = node_pool_get(&set->pool);
     if (node == NULL)
         return false;
-    node->start = start;
-    node->end = end;
+    node->start = low;
+    node->end = high;
     node->height = 1;
     set->root = insert_node(set->root, node);
     set->count++;

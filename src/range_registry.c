@@ -115,7 +115,7 @@ struct range_record *range_registry_split(struct range_registry *registry, uintp
 }
 
 /* Takes slot out of the table (its bits in the index are the caller's). */
-static void remove_slot(struct range_registry *registry, struct range_record *slot)
+static void remove_slot(struct range_registry *registry, const struct range_record *slot)
 {
     /* Backward-shift deletion keeps probe chains intact without tombstones. */
     size_t mask = registry->capacity - 1;
