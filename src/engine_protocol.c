@@ -192,8 +192,14 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
     bool can_reregister = result.outcome == ENGINE_OK || result.outcome == ENGINE_NOT_REGISTERED;
     if (!can_reregister || request->reason == RELEASE_EXIT) {
         /* The runtime may still hold it: registering parts again would
-         * overlap. Forget the whole registration. */
+         * overlap. Forget the whole registration, and the lock bytes of its
+         * pages outside the call's (untracked now; the call's own go when it
+         * succeeds). */
         engine_remove_record_locked(engine, base);
+        if (request->reason != RELEASE_EXIT) {
+            engine_lock_bytes_remove_locked(engine, whole_start, start);
+            engine_lock_bytes_remove_locked(engine, end, whole_end);
+        }
         return;
     }
     ticket_add_locked(engine, request->ticket, &saved, start, end, RANGE_REGISTERED);

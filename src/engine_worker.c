@@ -62,7 +62,9 @@ static enum engine_choice place_pending_locked(struct engine *engine)
                 engine_account_state_locked(engine, record, 1);
             } else if (last == ENGINE_PLACE_DISABLED) {
                 engine_stats(engine)->dropped_pending++;
+                uintptr_t end = record->end;
                 engine_remove_record_locked(engine, entry->base);
+                engine_lock_bytes_remove_locked(engine, entry->base, end); /* untracked now */
             } else {
                 /* Still waiting: back on the list (the entry is reused). */
                 entry->next = NULL;
