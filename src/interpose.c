@@ -670,6 +670,21 @@ static long run_mmap(void *arguments)
                             call->offset);
 }
 
+/* A new mapping is an object of its own: runs of locked pages never cross
+ * its bounds (mapping_bounds.h). Returns result. */
+static void *note_new_mapping(void *result, size_t length)
+{
+    if (result != MAP_FAILED && length != 0) {
+        int saved_errno = errno;
+        reentry_guard_enter();
+        mapping_bounds_note_mapped(&runtime_mapping_bounds, (uintptr_t)result,
+                                   range_end((uintptr_t)result, length));
+        reentry_guard_leave();
+        errno = saved_errno;
+    }
+    return result;
+}
+
 static void *mmap_common(mmap_fn next, const void *caller, void *addr, size_t length, int prot,
                          int flags, int fd, off_t offset)
 {
@@ -682,29 +697,10 @@ static void *mmap_common(mmap_fn next, const void *caller, void *addr, size_t le
     runtime_notice_gpu();
     if (reentry_guarded())
         return next(addr, length, prot, flags, fd, offset);
-    if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1)) {
-        /* A new object: runs of locked pages never cross its bounds. */
-        void *result = next(addr, length, prot, flags, fd, offset);
-        if (result != MAP_FAILED && length != 0) {
-            int saved_errno = errno;
-            reentry_guard_enter();
-            mapping_bounds_note_mapped(&runtime_mapping_bounds, (uintptr_t)result,
-                                       range_end((uintptr_t)result, length));
-            reentry_guard_leave();
-            errno = saved_errno;
-        }
-        return result;
-    }
+    if (__builtin_expect(!(flags & (MAP_FIXED | MAP_LOCKED)), 1))
+        return note_new_mapping(next(addr, length, prot, flags, fd, offset), length);
     if (called_by_gpu_runtime(caller)) {
-        void *result = next(addr, length, prot, flags, fd, offset);
-        if (result != MAP_FAILED && length != 0) {
-            int saved_errno = errno;
-            reentry_guard_enter();
-            mapping_bounds_note_mapped(&runtime_mapping_bounds, (uintptr_t)result,
-                                       range_end((uintptr_t)result, length));
-            reentry_guard_leave();
-            errno = saved_errno;
-        }
+        void *result = note_new_mapping(next(addr, length, prot, flags, fd, offset), length);
         if ((flags & MAP_LOCKED) && result != MAP_FAILED)
             count_runtime_library_lock();
         return result;

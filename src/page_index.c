@@ -123,7 +123,10 @@ void page_index_mark_base(struct page_index *index, uintptr_t addr)
         leaf_update(leaf, PAGE_INDEX_BASE, granule, granule + 1, true);
 }
 
-void page_index_clear(struct page_index *index, uintptr_t start, uintptr_t end)
+/* Clears the maps first_map..last_map over [start, end), skipping the
+ * address space no leaf covers. */
+static void clear_maps(struct page_index *index, int first_map, int last_map, uintptr_t start,
+                       uintptr_t end)
 {
     uintptr_t last = granule_of(end);
     for (uintptr_t g = granule_of(start); g < last;) {
@@ -135,10 +138,15 @@ void page_index_clear(struct page_index *index, uintptr_t start, uintptr_t end)
         }
         uintptr_t leaf_end = (g | (LEAF_GRANULES - 1)) + 1;
         uintptr_t stop = leaf_end < last ? leaf_end : last;
-        leaf_update(leaf, PAGE_INDEX_USED, g, stop, false);
-        leaf_update(leaf, PAGE_INDEX_BASE, g, stop, false);
+        for (int map = first_map; map <= last_map; map++)
+            leaf_update(leaf, map, g, stop, false);
         g = stop;
     }
+}
+
+void page_index_clear(struct page_index *index, uintptr_t start, uintptr_t end)
+{
+    clear_maps(index, PAGE_INDEX_USED, PAGE_INDEX_BASE, start, end);
 }
 
 bool page_index_set_bit(struct page_index *index, enum page_index_map map, uintptr_t addr)
@@ -154,19 +162,7 @@ bool page_index_set_bit(struct page_index *index, enum page_index_map map, uintp
 void page_index_clear_map(struct page_index *index, enum page_index_map map, uintptr_t start,
                           uintptr_t end)
 {
-    uintptr_t last = granule_of(end);
-    for (uintptr_t g = granule_of(start); g < last;) {
-        uintptr_t skip_to;
-        struct page_index_leaf *leaf = leaf_lookup(index, g, &skip_to);
-        if (leaf == NULL) {
-            g = skip_to;
-            continue;
-        }
-        uintptr_t leaf_end = (g | (LEAF_GRANULES - 1)) + 1;
-        uintptr_t stop = leaf_end < last ? leaf_end : last;
-        leaf_update(leaf, map, g, stop, false);
-        g = stop;
-    }
+    clear_maps(index, (int)map, (int)map, start, end);
 }
 
 bool page_index_test_bit(const struct page_index *index, enum page_index_map map, uintptr_t addr)
