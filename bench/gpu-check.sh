@@ -6,9 +6,13 @@
 #      THP, NUMA; in the background, DeepSpeed from its sdist (when
 #      .gpu-carry/ holds it and the wheels it needs) and its JIT-built op;
 #   1. build libpinshim.so and the bench programs (Meson, else plain cc);
-#   2. correctness under LD_PRELOAD: gpu_check, gpu_contexts with PINSHIM_ASYNC
-#      on and off, the same questions through PyTorch (bench/gpu_check_torch.py:
-#      is_pinned() when mlock returns, with a context first and with none yet);
+#   2. correctness under LD_PRELOAD: gpu_check; bench/gpu_runs (issue 34)
+#      without and with the shim: two adjacent locks, a lock grown over its
+#      neighbour, two buffers sharing a page and half a buffer locked, each
+#      buffer copied whole, every copy's result side by side in summary.txt;
+#      gpu_contexts with PINSHIM_ASYNC on and off, the same questions through
+#      PyTorch (bench/gpu_check_torch.py: is_pinned() when mlock returns, with
+#      a context first and with none yet);
 #   3. the seed's table: bench/h2d_d2h and bench/h2d_d2h_torch.py (pageable,
 #      pin_memory, mlock without and with the shim, explicit registration);
 #      DeepSpeed's own benchmarks/pin_memory/h2d_d2h_bench.py, its three arms
@@ -30,7 +34,10 @@
 # Environment: CUDA_HOME (default /usr/local/cuda, else nvcc's), PYTHON
 # (default python3), GPU_CHECK_BUILD=cc to skip Meson, OUT, GPU_CHECK_BUDGET,
 # GPU_CHECK_SIZES (gpu_register's GiB, default 1,4,16), GPU_CHECK_CARRY
-# (default .gpu-carry: the DeepSpeed sdist and wheels; absent = no DeepSpeed).
+# (default .gpu-carry: the DeepSpeed sdist and wheels; absent = no DeepSpeed),
+# GPU_CHECK_RUNS_CUDART (the runtime gpu_runs loads; default the toolkit's
+# lib64/libcudart.so: a dry run without a GPU may name the fake one that the
+# Meson build makes, build-gpu/bench/libbench_fake_cudart.so, to try the table).
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -50,7 +57,7 @@ build="$root/build-gpu"
 # The files (8 at most):
 summary="$out/summary.txt"             # 1 what ran, what passed, the tables
 log="$out/build.log"                   # 2 machine, environment, builds, DeepSpeed setup
-check="$out/correctness.txt"           # 3 gpu_check, gpu_contexts, PyTorch
+check="$out/correctness.txt"           # 3 gpu_check, gpu_runs, gpu_contexts, PyTorch
 tables="$out/tables.txt"               # 4 every benchmark's own output
 h2d_json="$out/h2d_d2h.json"           # 5
 torch_json="$out/torch.json"           # 6
@@ -164,6 +171,7 @@ fi
 shim=""
 h2d=""
 gpu_check=""
+gpu_runs=""
 gpu_contexts=""
 lock_latency=""
 gpu_register=""
@@ -180,13 +188,14 @@ if [ "${GPU_CHECK_BUILD:-meson}" = meson ] && command -v meson >/dev/null &&
       shim="$build/src/libpinshim.so"
       h2d="$build/bench/h2d_d2h"
       gpu_check="$build/bench/gpu_check"
+      gpu_runs="$build/bench/gpu_runs"
       gpu_contexts="$build/bench/gpu_contexts"
       lock_latency="$build/bench/lock_latency"
       gpu_register="$build/bench/gpu_register"
     fi
   fi
 fi
-if [ -z "$built_with" ] || [ ! -x "$h2d" ] || [ ! -x "$gpu_check" ] ||
+if [ -z "$built_with" ] || [ ! -x "$h2d" ] || [ ! -x "$gpu_check" ] || [ ! -x "$gpu_runs" ] ||
   [ ! -x "$gpu_contexts" ] || [ ! -x "$lock_latency" ] || [ ! -x "$gpu_register" ]; then
   note "building with cc in build-gpu-cc"
   build="$root/build-gpu-cc"
@@ -221,11 +230,14 @@ EOF
   step 120 "$log" cc "${flags[@]}" -Iinclude -isystem "$cuda_home/include" \
     bench/gpu_register.c bench/bench_util.c -o "$build/gpu_register" -ldl -lpthread &&
     gpu_register="$build/gpu_register"
+  step 120 "$log" cc "${flags[@]}" -Iinclude -isystem "$cuda_home/include" \
+    bench/gpu_runs.c bench/bench_util.c -o "$build/gpu_runs" -ldl -lpthread &&
+    gpu_runs="$build/gpu_runs"
   built_with=cc
 fi
 [ -n "$shim" ] && [ -f "$shim" ] && result "build ($built_with): libpinshim.so OK" ||
   { result "build ($built_with): libpinshim.so FAILED (see build.log)"; shim=""; }
-for program in h2d gpu_check gpu_contexts lock_latency gpu_register; do
+for program in h2d gpu_check gpu_runs gpu_contexts lock_latency gpu_register; do
   path=${!program}
   if [ -z "$path" ] || [ ! -x "$path" ]; then
     result "build: $program FAILED (see build.log)"
@@ -240,6 +252,53 @@ if [ -n "$shim" ] && [ -n "$gpu_check" ]; then
   verdict "correctness (C)" $? correctness.txt PASS
 else
   result "correctness (C): not run (build failed)"
+fi
+# Issue 34: buffers locked in pieces, each copied whole, once without the shim
+# and once under it with its default settings (PINSHIM_STATS only reports);
+# each run's lines are kept apart for summary.txt's table, then appended to
+# correctness.txt.
+runs_plain="$scratch/runs-plain.txt"
+runs_shim="$scratch/runs-shim.txt"
+: >"$runs_plain"
+: >"$runs_shim"
+runs_cudart=${GPU_CHECK_RUNS_CUDART:-}
+if [ -z "$runs_cudart" ]; then
+  for candidate in "$cuda_home"/lib64/libcudart.so "$cuda_home"/lib64/libcudart.so.[0-9]*; do
+    [ -f "$candidate" ] && runs_cudart=$candidate && break
+  done
+fi
+# Runs gpu_runs with no PINSHIM_* variable of the caller's, LD_PRELOAD as given.
+runs_step() {
+  local preload=$1 file=$2 name
+  (
+    for name in $(compgen -e); do
+      case $name in PINSHIM_* | LD_PRELOAD) unset "$name" ;; esac
+    done
+    if [ -n "$preload" ]; then
+      LD_PRELOAD="$preload" PINSHIM_STATS=stderr step 60 "$file" "$gpu_runs" \
+        ${runs_cudart:+--cudart "$runs_cudart"}
+    else
+      step 60 "$file" "$gpu_runs" ${runs_cudart:+--cudart "$runs_cudart"}
+    fi
+  )
+}
+if [ -n "$gpu_runs" ]; then
+  echo "== gpu_runs without the shim (issue 34; runtime ${runs_cudart:-searched})" >>"$check"
+  runs_step "" "$runs_plain"
+  rc=$?
+  cat "$runs_plain" >>"$check"
+  verdict "runs (issue 34, without the shim)" $rc correctness.txt PASS
+  if [ -n "$shim" ]; then
+    echo "== gpu_runs under LD_PRELOAD=$shim (default settings, PINSHIM_STATS=stderr)" >>"$check"
+    runs_step "$shim" "$runs_shim"
+    rc=$?
+    cat "$runs_shim" >>"$check"
+    verdict "runs (issue 34, under the shim)" $rc correctness.txt PASS
+  else
+    result "runs (issue 34, under the shim): not run (libpinshim.so did not build)"
+  fi
+else
+  result "runs (issue 34): not run (build failed)"
 fi
 # Contexts: registration from the registration thread (async) and from the
 # locking worker (sync).
@@ -321,7 +380,8 @@ if [ -n "$gpu_register" ]; then
   step 150 "$tables" "$gpu_register" --only rwsm --sizes "$register_sizes" \
     --json "$scratch/register.json"
   verdict "gpu_register (r, w, s, m)" $? tables.txt
-  # m again under the shim: a program's two adjacent locks are two registrations.
+  # m again under the shim: a program's two adjacent locks, one copy across
+  # both (one registration since issue 34; gpu_runs asks more).
   heading "bench/gpu_register --only m under LD_PRELOAD=libpinshim.so"
   LD_PRELOAD="$shim" PINSHIM_STATS=stderr step 40 "$tables" "$gpu_register" --only m \
     --json "$scratch/adjacent-shim.json"
@@ -381,6 +441,65 @@ else
 fi
 
 # ---- summary ----
+# Issue 34's table: each copy gpu_runs made, as it reported it, without the
+# shim and with it side by side (a cell is "no result" where that run printed
+# no line for it); FAIL marks a line gpu_runs found not as expected.
+runs_table() {
+  if ! grep -q '^COPY ' "$1" "$2" 2>/dev/null; then
+    echo "issue 34's copies (bench/gpu_runs): no result (not run, or no usable GPU: see correctness.txt)"
+    return
+  fi
+  echo "issue 34's copies (bench/gpu_runs), as observed: each buffer copied whole; GB/s the median"
+  echo "of 5 copies; type: cudaPointerGetAttributes of its first byte (1 pinned, 0 pageable)."
+  echo "Expected: without the shim every copy succeeds, pageable; under it every copy of locked"
+  echo "memory succeeds pinned, each scenario is 1 registration, and half-locked's whole copy fails"
+  echo "with cudaErrorInvalidValue (a limit: registered and unregistered memory in one copy)."
+  awk '
+    function value(line, key,   n, f, i) {
+      n = split(line, f, " ")
+      for (i = 1; i <= n; i++)
+        if (index(f[i], key "=") == 1)
+          return substr(f[i], length(key) + 2)
+      return ""
+    }
+    function copy_cell(line,   f, text) {
+      split(line, f, " ")
+      text = f[7]
+      if (value(line, "gbps") != "-") text = text ", " value(line, "gbps") " GB/s"
+      text = text ", type " value(line, "type")
+      if (value(line, "bytes") != "intact" && value(line, "bytes") != "-")
+        text = text ", bytes " value(line, "bytes")
+      if (value(line, "verdict") != "ok") text = text " FAIL (expected " value(line, "expected") ")"
+      return text
+    }
+    function regs_cell(line,   text) {
+      text = "first/last byte " value(line, "first_byte") "/" value(line, "last_byte") ", " \
+             value(line, "registrations") " made"
+      if (value(line, "verdict") != "ok") text = text " FAIL"
+      return text
+    }
+    function add(scenario, copy, run, text,   key) {
+      # Each scenario opens with its registrations row (from the run under the shim).
+      if (copy != "registrations" && !((scenario "|registrations") in row))
+        add(scenario, "registrations", 0, "")
+      key = scenario "|" copy
+      if (!(key in row)) { row[key] = ++rows; scenarios[rows] = scenario; copies[rows] = copy }
+      cell[row[key], run] = text
+    }
+    { run = (FILENAME == ARGV[1]) ? 1 : 2; scenario = $2; sub(/:$/, "", scenario) }
+    $1 == "COPY" { add(scenario, $3 " " $4 " " $5, run, copy_cell($0)) }
+    $1 == "REGS" { add(scenario, "registrations", run, regs_cell($0)) }
+    $1 == "FAIL" && scenario != "gpu_runs" { add(scenario, "setup", run, substr($0, 6)) }
+    END {
+      printf "%-13s %-27s %-36s %s\n", "scenario", "copy", "without the shim", "with the shim"
+      for (i = 1; i <= rows; i++) {
+        plain = ((i, 1) in cell) ? cell[i, 1] : "no result"
+        shim = ((i, 2) in cell) ? cell[i, 2] : "no result"
+        if (copies[i] == "registrations") plain = "-"
+        printf "%-13s %-27s %-36s %s\n", scenarios[i], copies[i], plain, shim
+      }
+    }' "$1" "$2"
+}
 {
   echo "pinshim GPU check, $(date -u +%FT%TZ), $(hostname), $(elapsed) s"
   echo "kernel: $kernel: $sandbox"
@@ -393,6 +512,8 @@ fi
   printf '%s\n' "${results[@]}"
   echo
   grep -E '^(PASS|FAIL|SKIP|NOTE|INFO)|^[0-9]+ device' "$check"
+  echo
+  runs_table "$runs_plain" "$runs_shim"
   echo
   # Each benchmark's heading and closing tables, without its progress lines.
   awk '/^== /{print; table=0; next}
