@@ -50,6 +50,9 @@ bool engine_track_range_locked(struct engine_op *op, uintptr_t start, uintptr_t 
         if (!page_index_find_next(&registry->index, PAGE_INDEX_USED, true, gap_start, end,
                                   &gap_end))
             gap_end = end;
+        /* A record never spans the bound between two mappings: runs are cut
+         * between records only. */
+        gap_end = mapping_bounds_next_split(engine->bounds, gap_start, gap_end);
         cursor = gap_end;
         struct range_record record = {
             .base = gap_start,
@@ -360,6 +363,11 @@ long engine_lock(struct engine *engine, uintptr_t addr, size_t length, unsigned 
     if (!engine_active(engine))
         return engine_run_plain(call);
     uintptr_t start, end;
+    /* A lock of no bytes (the kernel still locks the page of an unaligned
+     * address) asks for nothing the shim keeps: it would be a page tracked
+     * with no lock bytes, which no free could find again. */
+    if (length == 0)
+        return engine_run_plain(call);
     if (!engine_byte_range_pages(engine, addr, length, &start, &end)) {
         engine_count(&engine_stats(engine)->skipped_address);
         return engine_run_plain(call);

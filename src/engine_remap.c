@@ -98,30 +98,17 @@ static void register_where_locked_locked(struct engine_op *op, const struct engi
     pthread_mutex_lock(&engine->mutex);
 }
 
-/* The call alone, its new mapping's bounds noted. */
-static long remap_plain(struct engine *engine, uintptr_t old_start, size_t old_size,
-                        size_t new_size, int flags, const struct engine_call *call)
-{
-    long result = engine_run_plain(call);
-    uintptr_t page = engine->options.page_size != 0 ? engine->options.page_size : 4096;
-    if (result != -1)
-        mapping_bounds_note_remapped(engine->bounds, old_start, old_size, new_size, flags,
-                                     (uintptr_t)result, page);
-    return result;
-}
-
 long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, size_t new_size,
                   int flags, uintptr_t new_address, const struct engine_call *call)
 {
-    uintptr_t first_start = old_start;
     uintptr_t old_end = 0, target_start = 0, target_end = 0;
     bool fixed = (flags & MREMAP_FIXED) != 0;
     bool dontunmap = (flags & MREMAP_DONTUNMAP) != 0 && old_size != 0;
     if (!engine_active(engine) || old_start % engine->options.page_size != 0)
-        return remap_plain(engine, first_start, old_size, new_size, flags, call);
+        return engine_run_plain(call);
     if (old_size != 0 &&
         !engine_byte_range_pages(engine, old_start, old_size, &old_start, &old_end))
-        return remap_plain(engine, first_start, old_size, new_size, flags, call);
+        return engine_run_plain(call);
     if (fixed &&
         !engine_byte_range_pages(engine, new_address, new_size, &target_start, &target_end))
         fixed = false; /* the call fails with EINVAL; nothing to release there */
@@ -129,7 +116,7 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
                     (dontunmap && engine_has_registrations(engine)) ||
                     (fixed && engine_may_overlap(engine, target_start, target_end));
     if (!involved)
-        return remap_plain(engine, first_start, old_size, new_size, flags, call);
+        return engine_run_plain(call);
 
     /* MREMAP_DONTUNMAP changes locks beyond the moved range: Linux clears the
      * lock of the mapping the old range lies in, and since 6.17 the moved
@@ -168,6 +155,9 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
             target_start, target_end, RELEASE_MREMAP, &replaced, false, 0, 0};
         engine_release_locked(&op, &request);
     }
+    /* The call moves the mappings' bounds with it (the interposer's
+     * run_mremap, mapping_bounds.h): they are where the call left them by
+     * the time it returns. */
     int call_errno;
     long result = engine_op_run(&op, call, &call_errno);
     bool failed = result == -1; /* MAP_FAILED */
@@ -195,8 +185,6 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
      * (in place only the end moves). */
     for (struct engine_piece *piece = replaced.head; piece != NULL; piece = piece->next)
         engine_lock_bytes_remove_locked(engine, piece->start, piece->end);
-    mapping_bounds_note_remapped(engine->bounds, old_start, old_size, new_size, flags, new_start,
-                                 engine->options.page_size);
     if (dontunmap) {
         /* What stays at the old place, while the old place is claimed. After
          * success a fixed target holds the moved pages, not what was

@@ -832,11 +832,25 @@ struct remap_call {
     void *new_address;
 };
 
+/* The real mremap, the mappings' bounds moved with it: the marks' lock is
+ * held around the call (mapping_bounds.h), and never with the engine's
+ * mutex wanted (the engine runs this with its mutex dropped, and takes the
+ * marks' lock only with its mutex held: one order). */
 static long run_mremap(void *arguments)
 {
     struct remap_call *call = arguments;
-    return (long)real.mremap(call->old_address, call->old_size, call->new_size, call->flags,
-                             call->new_address);
+    struct mapping_bounds_remap bounds;
+    int saved_errno = errno;
+    mapping_bounds_remap_begin(&runtime_mapping_bounds, &bounds, (uintptr_t)call->old_address,
+                               call->old_size, runtime_page_size);
+    errno = saved_errno;
+    long result = (long)real.mremap(call->old_address, call->old_size, call->new_size,
+                                    call->flags, call->new_address);
+    saved_errno = errno;
+    mapping_bounds_remap_end(&runtime_mapping_bounds, &bounds, result, call->new_size, call->flags,
+                             runtime_page_size);
+    errno = saved_errno;
+    return result;
 }
 
 PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size, int flags, ...)
@@ -851,24 +865,14 @@ PINSHIM_EXPORT void *mremap(void *old_address, size_t old_size, size_t new_size,
     }
     if (reentry_guarded())
         return real.mremap(old_address, old_size, new_size, flags, new_address);
+    struct remap_call arguments = {old_address, old_size, new_size, flags, new_address};
     if (called_by_gpu_runtime(__builtin_return_address(0))) {
-        void *result = real.mremap(old_address, old_size, new_size, flags, new_address);
-        if (result != MAP_FAILED) {
-            int saved_errno = errno;
-            reentry_guard_enter();
-            mapping_bounds_note_remapped(&runtime_mapping_bounds, (uintptr_t)old_address, old_size,
-                                         new_size, flags, (uintptr_t)result, runtime_page_size);
-            reentry_guard_leave();
-            errno = saved_errno;
-        }
+        reentry_guard_enter();
+        void *result = (void *)run_mremap(&arguments);
+        reentry_guard_leave();
         return result;
     }
-    /* The engine notes where the mapping went, registrations or not. */
-    int saved_errno = errno;
-    runtime_ensure_initialized();
-    errno = saved_errno;
     runtime_notice_gpu();
-    struct remap_call arguments = {old_address, old_size, new_size, flags, new_address};
     struct engine_call call = {run_mremap, &arguments, "mremap"};
     reentry_guard_enter();
     long result = engine_remap(&runtime_engine, (uintptr_t)old_address, old_size, new_size, flags,

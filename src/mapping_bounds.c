@@ -77,47 +77,102 @@ void mapping_bounds_note_unmapped(struct mapping_bounds *bounds, uintptr_t start
     bounds_unlock(bounds);
 }
 
-void mapping_bounds_note_resized(struct mapping_bounds *bounds, uintptr_t old_end,
-                                 uintptr_t new_end)
-{
-    if (bounds == NULL || old_end == new_end || old_end > PAGE_INDEX_LIMIT ||
-        new_end > PAGE_INDEX_LIMIT)
-        return;
-    bounds_lock(bounds);
-    if (bounds_ready(bounds)) {
-        uintptr_t low = old_end < new_end ? old_end : new_end;
-        uintptr_t high = old_end < new_end ? new_end : old_end;
-        /* The old end goes; grown, the pages gained are inside the mapping. */
-        page_index_clear_map(&bounds->marks, ENDS, low,
-                             high < PAGE_INDEX_LIMIT ? high + PAGE_INDEX_GRANULE : high);
-        if (new_end > old_end)
-            page_index_clear_map(&bounds->marks, STARTS, old_end, new_end);
-        if (new_end < PAGE_INDEX_LIMIT)
-            page_index_set_bit(&bounds->marks, ENDS, new_end);
-    }
-    bounds_unlock(bounds);
-}
-
 #ifndef MREMAP_DONTUNMAP
 #define MREMAP_DONTUNMAP 4
 #endif
 
-void mapping_bounds_note_remapped(struct mapping_bounds *bounds, uintptr_t old_start,
-                                  size_t old_size, size_t new_size, int flags, uintptr_t new_start,
-                                  uintptr_t page_size)
+static uintptr_t round_up(uintptr_t value, uintptr_t page_size)
 {
     uintptr_t mask = page_size - 1;
-    uintptr_t old_end = old_start + ((old_size + mask) & ~mask);
-    uintptr_t new_end = new_start + ((new_size + mask) & ~mask);
-    if (old_end < old_start || new_end < new_start)
+    uintptr_t rounded = (value + mask) & ~mask;
+    return rounded < value ? UINTPTR_MAX & ~mask : rounded;
+}
+
+/* Copies the marks of map strictly inside (from, to) to the same offsets
+ * from new_start, with the lock held. */
+static void copy_inside(struct mapping_bounds *bounds, enum page_index_map map, uintptr_t from,
+                        uintptr_t to, uintptr_t new_start)
+{
+    uintptr_t cursor = from + PAGE_INDEX_GRANULE, found;
+    while (cursor < to && page_index_find_next(&bounds->marks, map, true, cursor, to, &found)) {
+        if (new_start + (found - from) < PAGE_INDEX_LIMIT)
+            page_index_set_bit(&bounds->marks, map, new_start + (found - from));
+        cursor = found + PAGE_INDEX_GRANULE;
+    }
+}
+
+void mapping_bounds_remap_begin(struct mapping_bounds *bounds, struct mapping_bounds_remap *remap,
+                                uintptr_t old_start, size_t old_size, uintptr_t page_size)
+{
+    *remap = (struct mapping_bounds_remap){old_start, round_up(old_start + old_size, page_size),
+                                           bounds != NULL};
+    if (remap->locked)
+        bounds_lock(bounds);
+}
+
+void mapping_bounds_remap_end(struct mapping_bounds *bounds,
+                              const struct mapping_bounds_remap *remap, long result,
+                              size_t new_size, int flags, uintptr_t page_size)
+{
+    if (!remap->locked)
         return;
-    if (new_start == old_start && old_size != 0) {
-        mapping_bounds_note_resized(bounds, old_end, new_end);
+    uintptr_t old_start = remap->old_start, old_end = remap->old_end;
+    uintptr_t new_start = (uintptr_t)result;
+    uintptr_t new_end = round_up(new_start + new_size, page_size);
+    bool moved_or_new = result != -1 && (new_start != old_start || old_end <= old_start);
+    if (result == -1 || !bounds_ready(bounds) || new_end > PAGE_INDEX_LIMIT ||
+        old_end > PAGE_INDEX_LIMIT) {
+        bounds_unlock(bounds);
         return;
     }
-    if (old_size != 0 && !(flags & MREMAP_DONTUNMAP))
-        mapping_bounds_note_unmapped(bounds, old_start, old_end);
-    mapping_bounds_note_mapped(bounds, new_start, new_end);
+    if (moved_or_new) {
+        /* A mapping of its own at the new place, with the bounds inside the
+         * old range (a move of several mappings) at the same offsets. */
+        page_index_clear_map(&bounds->marks, STARTS, new_start + PAGE_INDEX_GRANULE, new_end);
+        page_index_clear_map(&bounds->marks, ENDS, new_start + PAGE_INDEX_GRANULE, new_end);
+        if (old_end > old_start) {
+            uintptr_t copied_end = old_start + (new_end - new_start) < old_end
+                                       ? old_start + (new_end - new_start)
+                                       : old_end;
+            copy_inside(bounds, STARTS, old_start, copied_end, new_start);
+            copy_inside(bounds, ENDS, old_start, copied_end, new_start);
+        }
+        page_index_set_bit(&bounds->marks, STARTS, new_start);
+        if (new_end < PAGE_INDEX_LIMIT)
+            page_index_set_bit(&bounds->marks, ENDS, new_end);
+        if (old_end > old_start && !(flags & MREMAP_DONTUNMAP)) {
+            /* The old range is unmapped: the marks it owned go. */
+            page_index_clear_map(&bounds->marks, STARTS, old_start, old_end);
+            page_index_clear_map(&bounds->marks, ENDS, old_start + PAGE_INDEX_GRANULE,
+                                 old_end < PAGE_INDEX_LIMIT ? old_end + PAGE_INDEX_GRANULE
+                                                            : old_end);
+            /* ... but for the new place's own, where the two overlap. */
+            if (new_start < old_end && old_start < new_end) {
+                page_index_set_bit(&bounds->marks, STARTS, new_start);
+                if (new_end < PAGE_INDEX_LIMIT)
+                    page_index_set_bit(&bounds->marks, ENDS, new_end);
+            }
+        }
+    } else {
+        /* In place. Shrunk: the pages given back are unmapped (the marks
+         * they owned go), and the mapping ends at its new end. Grown (only
+         * a mapping's last part grows): the pages gained are its own, and
+         * it ends at its new end. The same size changes nothing; the bounds
+         * before the old end stay. */
+        if (new_end < old_end) {
+            page_index_clear_map(&bounds->marks, STARTS, new_end, old_end);
+            page_index_clear_map(&bounds->marks, ENDS, new_end + PAGE_INDEX_GRANULE,
+                                 old_end < PAGE_INDEX_LIMIT ? old_end + PAGE_INDEX_GRANULE
+                                                            : old_end);
+            page_index_set_bit(&bounds->marks, ENDS, new_end);
+        } else if (new_end > old_end) {
+            page_index_clear_map(&bounds->marks, STARTS, old_end, new_end);
+            page_index_clear_map(&bounds->marks, ENDS, old_end, new_end);
+            if (new_end < PAGE_INDEX_LIMIT)
+                page_index_set_bit(&bounds->marks, ENDS, new_end);
+        }
+    }
+    bounds_unlock(bounds);
 }
 
 bool mapping_bounds_split_at(const struct mapping_bounds *bounds, uintptr_t address)
@@ -127,6 +182,23 @@ bool mapping_bounds_split_at(const struct mapping_bounds *bounds, uintptr_t addr
         return false;
     return page_index_test_bit(&bounds->marks, STARTS, address) ||
            page_index_test_bit(&bounds->marks, ENDS, address);
+}
+
+uintptr_t mapping_bounds_next_split(const struct mapping_bounds *bounds, uintptr_t from,
+                                    uintptr_t to)
+{
+    if (bounds == NULL || __atomic_load_n(&bounds->ready, __ATOMIC_ACQUIRE) <= 0 ||
+        from >= PAGE_INDEX_LIMIT)
+        return to;
+    uintptr_t limit = to < PAGE_INDEX_LIMIT ? to : PAGE_INDEX_LIMIT;
+    uintptr_t start = (from & ~(PAGE_INDEX_GRANULE - 1)) + PAGE_INDEX_GRANULE, found;
+    uintptr_t next = to;
+    if (start < limit && page_index_find_next(&bounds->marks, STARTS, true, start, limit, &found))
+        next = found;
+    if (start < limit && page_index_find_next(&bounds->marks, ENDS, true, start, limit, &found) &&
+        found < next)
+        next = found;
+    return next;
 }
 
 void mapping_bounds_destroy(struct mapping_bounds *bounds)

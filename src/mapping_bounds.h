@@ -44,20 +44,30 @@ struct mapping_bounds {
 void mapping_bounds_note_mapped(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end);
 /* [start, end) was unmapped: the marks it owned go. */
 void mapping_bounds_note_unmapped(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end);
-/* A mapping that ended at old_end (page-aligned) now ends at new_end, in
- * place (mremap without a move). */
-void mapping_bounds_note_resized(struct mapping_bounds *bounds, uintptr_t old_end,
-                                 uintptr_t new_end);
-/* mremap(old_start, old_size, new_size, flags) returned new_start (not
- * MAP_FAILED): moved, the old range is unmapped (but with MREMAP_DONTUNMAP)
- * and the new one is a mapping of its own; in place, only its end moved.
- * Sizes are rounded to page_size. */
-void mapping_bounds_note_remapped(struct mapping_bounds *bounds, uintptr_t old_start,
-                                  size_t old_size, size_t new_size, int flags, uintptr_t new_start,
-                                  uintptr_t page_size);
+/* mremap in two steps, the marks' lock held from before the call to after
+ * it: a mapping another thread makes in the range a move freed notes its
+ * marks after the move's (the range was the mover's until the call).
+ * After the call, with what it returned (-1: it failed): moved, the new
+ * range is a mapping of its own, with the bounds inside the old range at
+ * the same offsets (Linux 6.17 moves several mappings at once), and the old
+ * range's marks go (but with MREMAP_DONTUNMAP); in place, the mapping ends
+ * at its new end. Sizes are rounded to page_size. */
+struct mapping_bounds_remap {
+    uintptr_t old_start, old_end;
+    bool locked;
+};
+void mapping_bounds_remap_begin(struct mapping_bounds *bounds, struct mapping_bounds_remap *remap,
+                                uintptr_t old_start, size_t old_size, uintptr_t page_size);
+void mapping_bounds_remap_end(struct mapping_bounds *bounds,
+                              const struct mapping_bounds_remap *remap, long result,
+                              size_t new_size, int flags, uintptr_t page_size);
 /* Whether a mapping the shim saw begins or ends at address (page-aligned):
  * the pages on either side belong to two objects. NULL bounds: none. */
 bool mapping_bounds_split_at(const struct mapping_bounds *bounds, uintptr_t address);
+/* The first address in (from, to) at which a mapping the shim saw begins
+ * or ends, or to when there is none. NULL bounds: to. */
+uintptr_t mapping_bounds_next_split(const struct mapping_bounds *bounds, uintptr_t from,
+                                    uintptr_t to);
 /* Frees the marks (tests). */
 void mapping_bounds_destroy(struct mapping_bounds *bounds);
 

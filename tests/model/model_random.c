@@ -2,35 +2,84 @@
  *
  * Runs under LD_PRELOAD=libpinshim.so with PINSHIM_CUDART=<fake runtime>. It
  * drives seeded random sequences of allocations, locks, unlocks, mappings,
- * remappings, frees and forks over objects it creates, and keeps a reference
- * model of those objects at page granularity: for every page, whether the
- * kernel has it locked (yes, no, unknown) and whether the shim should have it
- * registered. After every operation it compares the fake runtime's live
- * registrations with the model page by page.
+ * remappings, frees, forks and copies over objects it creates, and keeps a
+ * reference model of those objects: for every page, whether the kernel has
+ * it locked (yes, no, unknown) and whether the shim tracks it (plain, or
+ * held by MLOCK_ONFAULT); for every object, the bytes its lock calls asked
+ * for; for the process, where the mappings it made begin and end. From these
+ * it computes the registrations the shim must hold, and after every
+ * operation compares them with the fake runtime's live registrations as
+ * (base, size) pairs, exactly (and page by page, to say where they differ).
  *
- * The model follows the shim's documented rules:
- *   - a successful lock (mlock, mlock2, mmap MAP_LOCKED) whose LENGTH is at
- *     least PINSHIM_MIN_BYTES registers its pages; locks are page granular
- *     and do not nest; a failed lock registers nothing; mlockall registers
- *     nothing;
- *   - munlock, munlockall, munmap, mmap MAP_FIXED and mremap end the
- *     registration of their pages;
- *   - free/realloc end the registration of every page overlapping the
- *     allocation (the pages stay locked in the kernel);
- *   - mremap carries the registration of the moved pages, and a grown
- *     mapping's new tail is registered when its old last page was;
+ * The model follows the shim's rule (issue 34: one registration per run of
+ * locked pages; src/engine_runs.c, src/engine_protocol.c,
+ * src/mapping_bounds.h, src/lock_bytes.h):
+ *   - Tracking. A successful lock (mlock, mlock2, mmap MAP_LOCKED; not
+ *     mlockall), whatever its length, tracks its pages and adds the bytes it
+ *     asked for ([addr, addr + len); a mapping's [addr, addr + length)) to
+ *     the lock bytes. munlock, munlockall, munmap, MAP_FIXED and the source
+ *     of mremap release tracked pages (whole pages) and drop the lock bytes
+ *     in them; free/realloc release every page the block touches (heap
+ *     objects are modelled by their interior pages and every lock of one
+ *     stays inside them, so that is all its locked pages). A failed call
+ *     tracks or releases nothing (a munlock that meets a hole releases up to
+ *     the hole, where Linux stopped).
+ *   - Bounds. Every successful mmap (MAP_FIXED and MAP_FIXED_NOREPLACE
+ *     included) marks a mapping start at its first page and a mapping end at
+ *     its page-rounded end, and drops the marks strictly inside it; munmap
+ *     of [s, e) drops the starts in [s, e) and the ends in (s, e]; an mremap
+ *     that moves unmaps the old range (but with MREMAP_DONTUNMAP) and maps
+ *     the new one; in place it moves the end mark (the ends between the old
+ *     and the new end go, and growth drops the starts it covers: the shim's
+ *     mapping_bounds_note_resized). Heap allocations mark nothing.
+ *   - Runs. A run is a maximal sequence of contiguous tracked pages with no
+ *     mark between two neighbours (pages p - 1 and p are in one run unless a
+ *     mapping starts or ends at p). A run is exactly one registration (base
+ *     its first page, size its length) when its lock bytes total at least
+ *     PINSHIM_MIN_BYTES and it holds no page held by MLOCK_ONFAULT; else it
+ *     has none. So adjacent locks in one mapping, a lock that grows over a
+ *     neighbour and a small lock beside a registered run all end as one
+ *     registration, and two mappings side by side stay two.
+ *   - MLOCK_ONFAULT (PINSHIM_ONFAULT=resident, the default): a lock whose
+ *     pages are all resident right after the call (mincore) is a plain lock;
+ *     otherwise the pages it newly tracked are held, and hold their whole
+ *     run. A later plain lock over them makes them plain. PINSHIM_ONFAULT=skip:
+ *     every such lock holds; =all: none does.
+ *   - mremap carries tracked pages (held ones stay held) and their lock
+ *     bytes to the new place, and a grown mapping's new tail is tracked, its
+ *     whole pages as lock bytes, when the old last page was tracked;
  *   - with MREMAP_DONTUNMAP, Linux unlocks every VMA the old range touches,
  *     and, depending on VMA merges (that is on the address-space layout),
  *     the moved range and its neighbours too: there the model takes the
- *     kernel's word (/proc/self/smaps) and a page stays registered only if it
- *     was (or its source was) and is still locked; the layout-independent
- *     part of the rule stays as a check (adopt_kernel_after_dontunmap);
+ *     kernel's word (/proc/self/smaps): a page stays tracked only if it was
+ *     (or its source was) and is still locked, and in the VMAs the old range
+ *     touched and at the new place its lock bytes become whole pages, as
+ *     the shim reads them back; the layout-independent part of the rule
+ *     stays as a check (adopt_kernel_after_dontunmap);
  *   - posix_memalign of at least max(PINSHIM_MIN_BYTES, 64K) returns whole
  *     pages, page aligned;
- *   - a fork child starts with no registration and, when the parent had
- *     loaded the runtime, never calls it;
- *   - with threads, a lock leaves unregistered the pages an unlock running
- *     meanwhile touches (the shim's race rule; see adopt_race_skipped_pages).
+ *   - a fork child starts with nothing tracked (the mapping bounds stay) and,
+ *     when the parent had loaded the runtime, never calls it;
+ *   - with threads, no allowance: the shim serialises overlapping operations
+ *     and the runs around them, and threads work on objects of their own.
+ *
+ * Copies (op "copy"): a byte range of locked memory inside one run (or in
+ * locked pages the shim does not track) is filled with a pattern, copied to
+ * device memory and back into another such range (or the same one, cleared
+ * first), synchronously or asynchronously, through the vendor's own API of
+ * the fake in use (CUDA: cudaMemcpy(Async) of the fake runtime; HIP:
+ * hipMemcpy(Async); Level Zero: zeCommandListAppendMemoryCopy on an
+ * immediate list). Every such copy must succeed, move the right bytes, and
+ * count as pinned exactly when its range lies in a registered run (the
+ * fakes' copy counters). The device buffer is allocated once per process,
+ * at the first copy once the runtime is loaded in the process (by the
+ * program at start, MODEL_PROGRAM_CONTEXT=1, or by the shim in create
+ * mode) and, for Level Zero, initialised (zeInit): the model never loads
+ * or initialises a runtime itself, which would change when and how the shim
+ * starts one; before that copies are skipped. Once it is loaded, allocating
+ * device memory and copying is what a program does (for CUDA it makes
+ * device 0's primary context current on the copying thread: the context
+ * the shim registers into anyway).
  *
  * Single-threaded runs also build short plans of ordinary ops that reach, on
  * purpose, the layouts where VMA splits and merges decide what stays locked
@@ -50,29 +99,31 @@
  *                     [--record FILE] [--replay FILE] [--no-shrink]
  *                     [--shrunk-out FILE] [--shrink-budget SECONDS] [--quiet]
  *                     [--trace] [--expose-known-bugs] [--inject-model-bug NAME]
- *                     [--layout-rate R] [--share [--pair-rounds N]
+ *                     [--layout-rate R] [--copy-rate R] [--share [--pair-rounds N]
  *                     [--pair-delay-us U] [--pair-pages P]]
  * --threads T (2..8): T threads on their own objects, checking their own
  * pages after every op; every --barrier-every ops all wait while one checks
  * the whole process (and sometimes calls munlockall or forks).
  * --share (with --threads): the threads work in disjoint windows of pages of
- * mappings the main thread locked whole, so one registration holds several
- * threads' pages; at every barrier --pair-rounds (default 4) paired releases
- * let two threads release pieces of one registration at the same moment, one
- * of them up to --pair-delay-us (default 0) late, in pieces of P/2 to P pages
+ * mappings the main thread locked whole, so one run holds several threads'
+ * pages; at every barrier --pair-rounds (default 4) paired releases let two
+ * threads release pieces of one registration at the same moment, one of
+ * them up to --pair-delay-us (default 0) late, in pieces of P/2 to P pages
  * (--pair-pages, 8..500, default 48; see share_setup). Meant to run also
  * under tests/faults/slow_runtime.c (PINSHIM_CUDART, with
  * SLOW_RUNTIME_UNREGISTER_MS) to widen the window.
  * --layout-rate R: chance per op of starting a layout plan (default 0.03).
+ * --copy-rate R: the share of copies among the random ops (default 0.05).
  * MODEL_RANDOM_NO_PROCMAP=1: read VMA bounds from /proc/self/maps instead of
  * PROCMAP_QUERY (what kernels before 6.11 get anyway).
  * --kernel-check-every N: also compare the model's view of the kernel (mapped,
  * locked) with /proc/self/smaps every N ops.
- * --expose-known-bugs: with threads, do not allow for the pages the shim
- * leaves out of a lock's registration when unlocks race it (see
- * adopt_race_skipped_pages): any missing registration fails the run. --inject-model-bug NAME
- * (small-locks-register, munlock-keeps, mremap-tail-unregistered): model a rule wrongly, to see the
- * checks fail. --trace: print every op with its outcome and the objects.
+ * --expose-known-bugs: accepted for old command lines; there is no allowance
+ * left to turn off. --inject-model-bug NAME (small-locks-register,
+ * munlock-keeps, mremap-tail-unregistered, adjacent-locks-apart: two locks
+ * that meet in one mapping as two registrations): model a rule wrongly, to
+ * see the checks fail. --trace: print every op with its outcome and the
+ * objects.
  * It turns address-space randomisation off (re-executing itself) so that a
  * seed or a recorded sequence replays exactly; MODEL_RANDOM_KEEP_ASLR=1 keeps it.
  * Exit status: 0 agreement, 1 disagreement (model vs runtime or kernel), 2
@@ -93,10 +144,12 @@
 #include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/personality.h>
@@ -151,9 +204,10 @@ struct settings {
     double shrink_budget_seconds;
     bool quiet;
     const char *model_bug;  /* deliberately wrong rule, to prove the checks can fail */
-    bool expose_known_bugs; /* with threads, no allowance for race-skipped pages */
+    bool expose_known_bugs; /* accepted for old command lines: no allowance is left */
     bool trace;             /* print every op with its outcome */
     double layout_rate;     /* chance per op of starting a layout plan (see make_plan) */
+    double copy_rate;       /* share of copies among the random ops (see exec_copy) */
     bool share;             /* threads work in windows of shared mappings (see share_setup) */
     size_t pair_rounds;     /* with share: paired releases per barrier (see pair_setup) */
     unsigned pair_delay_us; /* with share: one thread of a pair starts up to this much later */
@@ -170,6 +224,7 @@ static struct settings settings = {
     .shrink = true,
     .shrink_budget_seconds = 120,
     .layout_rate = 0.03,
+    .copy_rate = 0.05,
     .pair_pages = 48,
 };
 
@@ -186,6 +241,9 @@ static struct {
     bool moves_several_vmas; /* MREMAP_FIXED moves a range that spans several VMAs (6.17) */
 } kernel_does;
 static uint64_t min_bytes = 65536;
+/* PINSHIM_ONFAULT: what an mlock2(MLOCK_ONFAULT) leaves (see the header). */
+enum onfault_mode { ONFAULT_RESIDENT, ONFAULT_SKIP, ONFAULT_ALL };
+static enum onfault_mode onfault_mode = ONFAULT_RESIDENT;
 static size_t rounding_threshold;
 static char **saved_argv;
 static bool layout_fixed; /* address-space randomisation is off */
@@ -370,11 +428,21 @@ static uint64_t fake_calls(int which)
 
 enum object_kind { OBJECT_HEAP, OBJECT_MAP };
 enum kernel_lock { KLOCK_NO = 0, KLOCK_YES = 1, KLOCK_UNKNOWN = 2 };
+/* What the shim makes of a page: not tracked, tracked, or tracked and held
+ * by an MLOCK_ONFAULT lock (which holds its whole run unregistered). */
+enum track { TRACK_NONE = 0, TRACK_PLAIN = 1, TRACK_ONFAULT = 2 };
+
+/* Bytes [start, end). */
+struct byte_range {
+    uintptr_t start, end;
+};
+#define MAX_LOCK_RANGES 128
 
 /* A heap object is one allocation; its model pages are the interior pages of
  * the requested bytes. A map object is a run of mapped pages this program
  * owns; munmap and mremap split or move map objects so that every page of one
- * is always mapped. */
+ * is always mapped (a map object may hold several mappings: the mapping
+ * bounds are kept apart, see marks). */
 struct object {
     bool live;
     enum object_kind kind;
@@ -382,9 +450,13 @@ struct object {
     size_t size;     /* heap: requested bytes */
     uintptr_t start; /* first model page */
     size_t pages;
-    uint8_t klock[MAX_OBJECT_PAGES]; /* enum kernel_lock */
-    uint8_t reg[MAX_OBJECT_PAGES];   /* the shim should have it registered */
+    uint8_t klock[MAX_OBJECT_PAGES];  /* enum kernel_lock */
+    uint8_t track[MAX_OBJECT_PAGES];  /* enum track */
+    uint8_t origin[MAX_OBJECT_PAGES]; /* the lock that tracked it (see next_lock_origin) */
     bool remerged; /* a lock or unlock over it joined VMAs that partial locks had split */
+    /* The lock bytes in its pages: sorted, disjoint, never touching. */
+    size_t byte_ranges;
+    struct byte_range bytes[MAX_LOCK_RANGES];
 };
 
 static struct object objects[MAX_SLOTS];
@@ -420,6 +492,7 @@ enum op_kind {
     OP_MLOCK_HOLE,
     OP_MUNLOCK_HOLE,
     OP_MMAP_BESIDE,
+    OP_COPY,
     OP_KIND_COUNT
 };
 
@@ -502,25 +575,33 @@ static const struct {
     [OP_MLOCK_HOLE] = {"mlock_hole", F_SLOT | F_OFF},
     [OP_MUNLOCK_HOLE] = {"munlock_hole", F_SLOT | F_OFF},
     [OP_MMAP_BESIDE] = {"mmap_beside", F_SLOT | F_LEN | F_FLAGS | F_TARGET},
+    [OP_COPY] = {"copy", F_SLOT | F_OFF | F_LEN | F_FLAGS | F_TARGET | F_TOFF},
 };
 
 enum exec_result { EXEC_DONE, EXEC_FAILED, EXEC_SKIPPED, EXEC_HARNESS_ERROR };
 
 /* Interesting situations a run reached, so a test can tell it was not vacuous. */
 enum coverage {
-    COVER_SHARED_RELEASE,       /* with share: a release of part of a registration that also holds
-                                   another thread's pages */
-    COVER_PAIRED_RELEASE,       /* with share: one side of a paired release */
-    COVER_LOCK_REGISTERING,     /* a successful lock of at least PINSHIM_MIN_BYTES */
-    COVER_LOCK_SMALL,           /* a successful lock below it */
-    COVER_MUNLOCK_REGISTERED,   /* munlock over registered pages */
-    COVER_MUNMAP_REGISTERED,    /* munmap over registered pages */
-    COVER_MAP_FIXED_REGISTERED, /* MAP_FIXED over registered pages */
-    COVER_FREE_REGISTERED,      /* free or realloc of a block with registered pages */
-    COVER_MREMAP_MOVED,         /* registered pages moved */
-    COVER_MREMAP_GROWN,         /* a registered tail grown */
-    COVER_MREMAP_SHRUNK,        /* a mapping shrunk in place */
-    COVER_MREMAP_FIXED,         /* moved over another mapping */
+    COVER_SHARED_RELEASE,         /* with share: a release of part of a registration that also holds
+                                     another thread's pages */
+    COVER_PAIRED_RELEASE,         /* with share: one side of a paired release */
+    COVER_LOCK_REGISTERING,       /* a successful lock whose run is registered after it */
+    COVER_LOCK_SMALL,             /* a successful lock of fewer than PINSHIM_MIN_BYTES bytes */
+    COVER_LOCK_JOINED,            /* a lock whose run holds pages tracked before it */
+    COVER_SMALL_LOCK_REGISTERED,  /* a small lock whose run is registered after it */
+    COVER_RUN_HELD_ONFAULT,       /* a lock whose run, large enough, MLOCK_ONFAULT pages hold */
+    COVER_REGISTRATIONS_ADJACENT, /* two registrations side by side (a mapping bound between) */
+    COVER_RUN_CUT_BY_BOUND,       /* a lock across a mapping bound: tracked pages in two runs */
+    COVER_COPY_PINNED,            /* an end of a copy in a registered run: pinned */
+    COVER_COPY_PAGEABLE,          /* an end of a copy of locked memory in no registration */
+    COVER_MUNLOCK_REGISTERED,     /* munlock over registered pages */
+    COVER_MUNMAP_REGISTERED,      /* munmap over registered pages */
+    COVER_MAP_FIXED_REGISTERED,   /* MAP_FIXED over registered pages */
+    COVER_FREE_REGISTERED,        /* free or realloc of a block with registered pages */
+    COVER_MREMAP_MOVED,           /* registered pages moved */
+    COVER_MREMAP_GROWN,           /* a registered tail grown */
+    COVER_MREMAP_SHRUNK,          /* a mapping shrunk in place */
+    COVER_MREMAP_FIXED,           /* moved over another mapping */
     COVER_MREMAP_DONTUNMAP,
     COVER_MREMAP_DONTUNMAP_MERGED,      /* ... whose new range merged into the old, unlocked VMA */
     COVER_DONTUNMAP_NEIGHBOUR_UNLOCKED, /* ... and a locked page beside them lost its lock too */
@@ -546,6 +627,13 @@ static const char *const coverage_names[COVER_COUNT] = {
     "paired_release",
     "lock_registering",
     "lock_small",
+    "lock_joined",
+    "small_lock_registered",
+    "run_held_onfault",
+    "registrations_adjacent",
+    "run_cut_by_bound",
+    "copy_pinned",
+    "copy_pageable",
     "munlock_registered",
     "munmap_registered",
     "map_fixed_registered",
@@ -578,6 +666,17 @@ struct op_counts {
     uint64_t covered[COVER_COUNT];
 };
 
+/* A run of tracked pages [start, end) (see the header), its lock bytes, and
+ * whether an MLOCK_ONFAULT page holds it; registered: the shim must hold
+ * exactly one registration of it. */
+struct run {
+    uintptr_t start, end;
+    uint64_t bytes;
+    bool onfault;
+    bool registered;
+};
+#define MAX_RUNS 8192
+
 /* Per thread of operations (or the whole process, for single-threaded runs,
  * barrier duties and fork children). */
 struct context {
@@ -601,12 +700,12 @@ struct context {
     int pair;               /* which pair */
     unsigned pair_delay_us; /* how long it waits after its partner arrived */
     size_t plan_count, plan_next;
-    uint64_t race_skipped_pages;                         /* see adopt_race_skipped_pages */
-    uint8_t registered_before[2 * MAX_OBJECT_PAGES + 2]; /* scratch for it */
     /* scratch for checks */
     struct fake_cudart_range snapshot[MAX_RANGES];
     struct fake_cudart_range expected[MAX_RANGES];
     struct fake_cudart_range actual[MAX_RANGES];
+    struct run runs[MAX_RUNS]; /* compute_runs */
+    size_t run_count;
 };
 
 static struct context thread_contexts[MAX_THREADS];
@@ -692,9 +791,291 @@ static bool range_owned(struct context *context, uintptr_t start, uintptr_t end,
 
 enum { KEEP = -1 };
 
-/* Sets the kernel lock state and the registration of the model pages in
- * [start, end) (KEEP leaves one as it is). */
-static void model_set(struct context *context, uintptr_t start, uintptr_t end, int klock, int reg)
+/* ---- Lock bytes, per object ---- */
+
+/* Set when an object's lock bytes need more ranges than it has room for
+ * (reported as a harness error at the next check). */
+static int bytes_overflowed;
+
+static void bytes_store(struct object *object, const struct byte_range *ranges, size_t count)
+{
+    if (count > MAX_LOCK_RANGES) {
+        __atomic_store_n(&bytes_overflowed, 1, __ATOMIC_RELAXED);
+        count = MAX_LOCK_RANGES;
+    }
+    memcpy(object->bytes, ranges, count * sizeof(*ranges));
+    object->byte_ranges = count;
+}
+
+/* Drops the lock bytes of object in [start, end). */
+static void bytes_remove(struct object *object, uintptr_t start, uintptr_t end)
+{
+    struct byte_range kept[MAX_LOCK_RANGES + 2];
+    size_t count = 0;
+    if (start >= end)
+        return;
+    for (size_t i = 0; i < object->byte_ranges; i++) {
+        struct byte_range range = object->bytes[i];
+        if (range.end <= start || range.start >= end) {
+            kept[count++] = range;
+            continue;
+        }
+        if (range.start < start)
+            kept[count++] = (struct byte_range){range.start, start};
+        if (range.end > end)
+            kept[count++] = (struct byte_range){end, range.end};
+    }
+    bytes_store(object, kept, count);
+}
+
+/* Adds [start, end), clipped to the object's pages, to its lock bytes. */
+static void bytes_add(struct object *object, uintptr_t start, uintptr_t end)
+{
+    struct byte_range kept[MAX_LOCK_RANGES + 2];
+    size_t count = 0;
+    bool placed = false;
+    if (start < object->start)
+        start = object->start;
+    if (end > object_end(object))
+        end = object_end(object);
+    if (start >= end)
+        return;
+    for (size_t i = 0; i < object->byte_ranges; i++) {
+        struct byte_range range = object->bytes[i];
+        if (range.end < start) {
+            kept[count++] = range;
+        } else if (range.start > end) {
+            if (!placed)
+                kept[count++] = (struct byte_range){start, end};
+            placed = true;
+            kept[count++] = range;
+        } else {
+            start = range.start < start ? range.start : start;
+            end = range.end > end ? range.end : end;
+        }
+    }
+    if (!placed)
+        kept[count++] = (struct byte_range){start, end};
+    bytes_store(object, kept, count);
+}
+
+/* How many lock bytes object holds in [start, end). */
+static uint64_t bytes_count(const struct object *object, uintptr_t start, uintptr_t end)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < object->byte_ranges; i++) {
+        uintptr_t from = object->bytes[i].start > start ? object->bytes[i].start : start;
+        uintptr_t to = object->bytes[i].end < end ? object->bytes[i].end : end;
+        if (from < to)
+            total += to - from;
+    }
+    return total;
+}
+
+/* Adds (or drops) [start, end) to (from) the lock bytes of the objects of
+ * this context it touches. */
+static void model_bytes_add(struct context *context, uintptr_t start, uintptr_t end)
+{
+    for (int slot = context->slot_first; slot < context->slot_end; slot++)
+        if (objects[slot].live && objects[slot].start < end && object_end(&objects[slot]) > start)
+            bytes_add(&objects[slot], start, end);
+}
+
+static void model_bytes_remove(struct context *context, uintptr_t start, uintptr_t end)
+{
+    for (int slot = context->slot_first; slot < context->slot_end; slot++)
+        if (objects[slot].live && objects[slot].start < end && object_end(&objects[slot]) > start)
+            bytes_remove(&objects[slot], start, end);
+}
+
+/* ---- Mapping bounds (the shim's mapping_bounds.c, from the model's own
+ * mmap, munmap and mremap calls) ----
+ * Two kinds of mark per page address: a mapping starts there, and one ends
+ * right before it. One set for the process, under a mutex: a thread's calls
+ * change only marks at and inside its own mappings. */
+enum { MARK_START = 1, MARK_END = 2 };
+#define MAX_MARKS 16384
+static struct mark {
+    uintptr_t address;
+    uint8_t kinds;
+} marks[MAX_MARKS];
+static size_t mark_count;
+static bool marks_overflowed;
+static pthread_mutex_t marks_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+/* The first mark at or above address (marks_mutex held). */
+static size_t marks_from(uintptr_t address)
+{
+    size_t low = 0, high = mark_count;
+    while (low < high) {
+        size_t middle = (low + high) / 2;
+        if (marks[middle].address < address)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low;
+}
+
+static void marks_set(uintptr_t address, uint8_t kind)
+{
+    size_t at = marks_from(address);
+    if (at < mark_count && marks[at].address == address) {
+        marks[at].kinds |= kind;
+        return;
+    }
+    if (mark_count == MAX_MARKS) {
+        marks_overflowed = true;
+        return;
+    }
+    memmove(marks + at + 1, marks + at, (mark_count - at) * sizeof(*marks));
+    marks[at] = (struct mark){address, kind};
+    mark_count++;
+}
+
+/* Clears the kinds of the marks in [from, to). */
+static void marks_clear(uintptr_t from, uintptr_t to, uint8_t kinds)
+{
+    size_t at = marks_from(from), kept = at;
+    for (size_t i = at; i < mark_count; i++) {
+        struct mark mark = marks[i];
+        if (mark.address < to)
+            mark.kinds &= (uint8_t)~kinds;
+        if (mark.kinds != 0)
+            marks[kept++] = mark;
+    }
+    mark_count = kept;
+}
+
+/* The marks change as the shim's do (mapping_bounds.c), under marks_mutex,
+ * in the order of the kernel's own changes to the address space: an unmap
+ * before the call (as the shim notes it: a mapping placed there once it
+ * returns keeps its marks), a new mapping after it, and an mremap with the
+ * mutex held across the call (a thread that maps what the call freed notes
+ * its marks after the call's). */
+
+/* A new mapping covers [start, end): mapping_bounds_note_mapped. */
+static void bounds_mapped_locked(uintptr_t start, uintptr_t end)
+{
+    if (start >= end)
+        return;
+    marks_clear(start + page_size, end, MARK_START | MARK_END);
+    marks_set(start, MARK_START);
+    marks_set(end, MARK_END);
+}
+
+static void bounds_mapped(uintptr_t start, uintptr_t end)
+{
+    pthread_mutex_lock(&marks_mutex);
+    bounds_mapped_locked(start, end);
+    pthread_mutex_unlock(&marks_mutex);
+}
+
+/* [start, end) is unmapped: the starts in [start, end) and the ends in
+ * (start, end] go (mapping_bounds_note_unmapped). */
+static void bounds_unmapped_locked(uintptr_t start, uintptr_t end)
+{
+    if (start >= end)
+        return;
+    marks_clear(start, end, MARK_START);
+    marks_clear(start + page_size, end + page_size, MARK_END);
+}
+
+static void bounds_unmapped(uintptr_t start, uintptr_t end)
+{
+    pthread_mutex_lock(&marks_mutex);
+    bounds_unmapped_locked(start, end);
+    pthread_mutex_unlock(&marks_mutex);
+}
+
+/* A mapping resized in place from old_end to new_end (marks_mutex held).
+ * Shrunk: the pages given back are unmapped and the mapping ends at
+ * new_end; grown: the pages gained hold no bound and it ends at new_end;
+ * the same size changes nothing (mapping_bounds_remap_end). */
+static void bounds_resized_locked(uintptr_t old_end, uintptr_t new_end)
+{
+    if (old_end == new_end)
+        return;
+    if (new_end < old_end) {
+        marks_clear(new_end, old_end, MARK_START);
+        marks_clear(new_end + page_size, old_end + page_size, MARK_END);
+    } else {
+        marks_clear(old_end, new_end, MARK_START);
+        marks_clear(old_end, new_end + page_size, MARK_END);
+    }
+    marks_set(new_end, MARK_END);
+}
+
+/* A successful mremap of [old_start, old_end) to [new_start, new_end) (page
+ * rounded), as mapping_bounds_remap_end notes it (marks_mutex held): in
+ * place, resized; moved, a mapping of its own whose bounds inside come
+ * along at the same offsets (a move of several mappings), the old range
+ * unmapped but with MREMAP_DONTUNMAP. */
+static void bounds_remapped_locked(uintptr_t old_start, uintptr_t old_end, uintptr_t new_start,
+                                   uintptr_t new_end, bool dontunmap)
+{
+    if (new_start == old_start) {
+        bounds_resized_locked(old_end, new_end);
+        return;
+    }
+    uintptr_t copied_end = old_end - old_start < new_end - new_start
+                               ? old_end
+                               : old_start + (new_end - new_start);
+    static struct mark inside[MAX_MARKS];
+    size_t count = 0;
+    for (size_t i = marks_from(old_start + page_size);
+         i < mark_count && marks[i].address < copied_end; i++)
+        inside[count++] = marks[i];
+    marks_clear(new_start + page_size, new_end, MARK_START | MARK_END);
+    for (size_t i = 0; i < count; i++)
+        marks_set(new_start + (inside[i].address - old_start), inside[i].kinds);
+    marks_set(new_start, MARK_START);
+    marks_set(new_end, MARK_END);
+    if (!dontunmap) {
+        bounds_unmapped_locked(old_start, old_end);
+        if (new_start < old_end && old_start < new_end) {
+            marks_set(new_start, MARK_START);
+            marks_set(new_end, MARK_END);
+        }
+    }
+}
+
+/* Whether a mapping starts or ends at address (marks_mutex held). */
+static bool bound_at_locked(uintptr_t address)
+{
+    size_t at = marks_from(address);
+    return at < mark_count && marks[at].address == address;
+}
+
+/* Which lock tracked a page (1 to 255; 0 none): only the deliberately wrong
+ * rule adjacent-locks-apart looks, and cuts runs where two locks meet. */
+static uint32_t lock_serial;
+
+static uint8_t next_lock_origin(void)
+{
+    return (uint8_t)(__atomic_add_fetch(&lock_serial, 1, __ATOMIC_RELAXED) % 255 + 1);
+}
+
+/* ---- Pages ---- */
+
+/* Sets the kernel lock state of the model pages in [start, end). */
+static void model_set_klock(struct context *context, uintptr_t start, uintptr_t end, int klock)
+{
+    for (int slot = context->slot_first; slot < context->slot_end; slot++) {
+        struct object *object = &objects[slot];
+        if (!object->live || object->start >= end || object_end(object) <= start)
+            continue;
+        uintptr_t from = start > object->start ? start : object->start;
+        uintptr_t to = end < object_end(object) ? end : object_end(object);
+        for (size_t page = (from - object->start) / page_size;
+             page < (to - object->start) / page_size; page++)
+            object->klock[page] = (uint8_t)klock;
+    }
+}
+
+/* The shim released the model pages in [start, end): not tracked any more,
+ * their lock bytes gone; klock (unless KEEP) is their kernel state now. */
+static void model_release(struct context *context, uintptr_t start, uintptr_t end, int klock)
 {
     for (int slot = context->slot_first; slot < context->slot_end; slot++) {
         struct object *object = &objects[slot];
@@ -706,20 +1087,144 @@ static void model_set(struct context *context, uintptr_t start, uintptr_t end, i
              page < (to - object->start) / page_size; page++) {
             if (klock != KEEP)
                 object->klock[page] = (uint8_t)klock;
-            if (reg != KEEP)
-                object->reg[page] = (uint8_t)reg;
+            object->track[page] = TRACK_NONE;
+            object->origin[page] = 0;
         }
+        bytes_remove(object, from, to);
     }
 }
 
-/* Whether a model page of [start, end) should be registered. */
-static bool any_registered(struct context *context, uintptr_t start, uintptr_t end)
+/* A lock call succeeded: the pages [start, end) are locked and tracked
+ * (those tracked already keep their state, but a plain lock makes held
+ * pages plain), and [bytes_start, bytes_end) are lock bytes. */
+static void model_lock(struct context *context, uintptr_t start, uintptr_t end,
+                       uintptr_t bytes_start, uintptr_t bytes_end, enum track hold)
+{
+    uint8_t origin = next_lock_origin();
+    for (int slot = context->slot_first; slot < context->slot_end; slot++) {
+        struct object *object = &objects[slot];
+        if (!object->live || object->start >= end || object_end(object) <= start)
+            continue;
+        uintptr_t from = start > object->start ? start : object->start;
+        uintptr_t to = end < object_end(object) ? end : object_end(object);
+        for (size_t page = (from - object->start) / page_size;
+             page < (to - object->start) / page_size; page++) {
+            object->klock[page] = KLOCK_YES;
+            /* A lock of no bytes (the kernel still locks an unaligned
+             * address's page) is not tracked by the shim. */
+            if (bytes_start == bytes_end)
+                continue;
+            if (object->track[page] == TRACK_NONE) {
+                object->track[page] = (uint8_t)hold;
+                object->origin[page] = origin;
+            } else if (hold == TRACK_PLAIN) {
+                object->track[page] = TRACK_PLAIN;
+            }
+        }
+    }
+    model_bytes_add(context, bytes_start, bytes_end);
+}
+
+/* Whether a model page of [start, end) is tracked. */
+static bool any_tracked(struct context *context, uintptr_t start, uintptr_t end)
 {
     for (uintptr_t page = page_floor(start); page < end; page += page_size) {
         const struct object *holder = object_at(context, page);
-        if (holder != NULL && holder->reg[(page - holder->start) / page_size])
+        if (holder != NULL && holder->track[(page - holder->start) / page_size] != TRACK_NONE)
             return true;
     }
+    return false;
+}
+
+/* ---- Runs ---- */
+
+static int compare_object_starts(const void *a, const void *b)
+{
+    uintptr_t x = objects[*(const int *)a].start, y = objects[*(const int *)b].start;
+    return x < y ? -1 : x > y;
+}
+
+/* The runs of the tracked pages of the objects in scope, by address, into
+ * context->runs (see the header); false when there are more than it holds. */
+static bool compute_runs(struct context *context, const struct context *scope)
+{
+    int order[MAX_SLOTS];
+    size_t count = 0;
+    for (int slot = scope->slot_first; slot < scope->slot_end; slot++)
+        if (objects[slot].live && objects[slot].pages > 0)
+            order[count++] = slot;
+    qsort(order, count, sizeof(*order), compare_object_starts);
+    bool apart = model_bug("adjacent-locks-apart");
+    struct run *current = NULL;
+    uint8_t last_origin = 0;
+    size_t runs = 0;
+    pthread_mutex_lock(&marks_mutex);
+    for (size_t i = 0; i < count; i++) {
+        const struct object *object = &objects[order[i]];
+        for (size_t page = 0; page < object->pages; page++) {
+            uintptr_t address = object->start + page * page_size;
+            if (object->track[page] == TRACK_NONE) {
+                current = NULL;
+                continue;
+            }
+            bool continues = current != NULL && current->end == address &&
+                             !bound_at_locked(address) &&
+                             !(apart && object->origin[page] != last_origin);
+            if (!continues) {
+                if (runs == MAX_RUNS) {
+                    pthread_mutex_unlock(&marks_mutex);
+                    context->run_count = 0;
+                    return false;
+                }
+                current = &context->runs[runs++];
+                *current = (struct run){.start = address, .end = address};
+            }
+            current->end = address + page_size;
+            current->onfault |= object->track[page] == TRACK_ONFAULT;
+            last_origin = object->origin[page];
+        }
+    }
+    pthread_mutex_unlock(&marks_mutex);
+    /* Their lock bytes, from the objects they lie in (sorted alike). */
+    size_t first = 0;
+    for (size_t r = 0; r < runs; r++) {
+        struct run *run = &context->runs[r];
+        while (first < count && object_end(&objects[order[first]]) <= run->start)
+            first++;
+        for (size_t i = first; i < count && objects[order[i]].start < run->end; i++)
+            run->bytes += bytes_count(&objects[order[i]], run->start, run->end);
+        run->registered = registration_possible() && !run->onfault &&
+                          (run->bytes >= min_bytes || model_bug("small-locks-register"));
+    }
+    context->run_count = runs;
+    return true;
+}
+
+/* The run of context->runs holding page address, or NULL. */
+static const struct run *run_at(const struct context *context, uintptr_t address)
+{
+    size_t low = 0, high = context->run_count;
+    while (low < high) {
+        size_t middle = (low + high) / 2;
+        if (context->runs[middle].end <= address)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < context->run_count && context->runs[low].start <= address ? &context->runs[low]
+                                                                           : NULL;
+}
+
+/* Whether, as the model stands, a model page of [start, end) of this context
+ * is in a registered run. */
+static bool any_registered(struct context *context, uintptr_t start, uintptr_t end)
+{
+    if (!compute_runs(context, context))
+        return false;
+    for (size_t r = 0; r < context->run_count; r++)
+        if (context->runs[r].registered && context->runs[r].start < end &&
+            context->runs[r].end > start)
+            return true;
     return false;
 }
 
@@ -734,32 +1239,38 @@ static struct object *new_object(struct context *context, enum object_kind kind)
     if (slot < 0)
         return NULL;
     struct object *object = &objects[slot];
-    memset(object, 0, sizeof(*object));
+    memset(object, 0, offsetof(struct object, bytes));
     object->live = true;
     object->kind = kind;
     return object;
 }
 
-/* A new map object of pages at start with the given states. */
-static bool model_add_map(struct context *context, uintptr_t start, size_t pages,
-                          const uint8_t *klock, const uint8_t *reg)
+/* A new map object of pages at start with the given states (track and
+ * origin NULL: none), no lock bytes; NULL when there is no room. */
+static struct object *model_add_map(struct context *context, uintptr_t start, size_t pages,
+                                    const uint8_t *klock, const uint8_t *track,
+                                    const uint8_t *origin)
 {
     struct object *object = new_object(context, OBJECT_MAP);
     if (object == NULL || pages > MAX_OBJECT_PAGES) {
         if (object != NULL)
             object->live = false;
         report(context, "harness: no room for a map object of %zu pages\n", pages);
-        return false;
+        return NULL;
     }
     object->pointer = (char *)start;
     object->start = start;
     object->pages = pages;
     memcpy(object->klock, klock, pages);
-    memcpy(object->reg, reg, pages);
-    return true;
+    if (track != NULL)
+        memcpy(object->track, track, pages);
+    if (origin != NULL)
+        memcpy(object->origin, origin, pages);
+    return object;
 }
 
-/* [start, end) was unmapped: cut it out of the map objects it touches. */
+/* [start, end) was unmapped: cut it out of the map objects it touches (with
+ * their lock bytes there). */
 static bool model_unmap(struct context *context, uintptr_t start, uintptr_t end)
 {
     for (int slot = context->slot_first; slot < context->slot_end; slot++) {
@@ -771,14 +1282,21 @@ static bool model_unmap(struct context *context, uintptr_t start, uintptr_t end)
         size_t keep_before = start > object->start ? (start - object->start) / page_size : 0;
         size_t after_first = end < old_end ? (end - object->start) / page_size : object->pages;
         size_t keep_after = object->pages - after_first;
+        bytes_remove(object, start, end);
         if (keep_after > 0) {
             if (keep_before > 0) {
-                if (!model_add_map(context, end, keep_after, object->klock + after_first,
-                                   object->reg + after_first))
+                struct object *after =
+                    model_add_map(context, end, keep_after, object->klock + after_first,
+                                  object->track + after_first, object->origin + after_first);
+                if (after == NULL)
                     return false;
+                for (size_t i = 0; i < object->byte_ranges; i++)
+                    bytes_add(after, object->bytes[i].start, object->bytes[i].end);
+                bytes_remove(object, end, old_end);
             } else {
                 memmove(object->klock, object->klock + after_first, keep_after);
-                memmove(object->reg, object->reg + after_first, keep_after);
+                memmove(object->track, object->track + after_first, keep_after);
+                memmove(object->origin, object->origin + after_first, keep_after);
                 object->start = end;
                 object->pointer = (char *)end;
                 object->pages = keep_after;
@@ -1022,9 +1540,9 @@ static void describe_address(struct context *context, uintptr_t address)
         const struct object *object = &objects[slot];
         if (object->live && address >= object->start && address < object_end(object)) {
             size_t page = (address - object->start) / page_size;
-            report(context, " (slot %d %s page %zu of %zu, klock=%d)", slot,
+            report(context, " (slot %d %s page %zu of %zu, klock=%d track=%d)", slot,
                    object->kind == OBJECT_HEAP ? "heap" : "map", page, object->pages,
-                   object->klock[page]);
+                   object->klock[page], object->track[page]);
             return;
         }
     }
@@ -1059,19 +1577,34 @@ static size_t report_difference(struct context *context, const char *what,
     return differences;
 }
 
-/* The model's should-be-registered pages of the objects in scope, merged. */
-static size_t expected_runs(struct context *context, const struct context *scope)
+/* The registrations the model expects (context->runs, as computed for the
+ * scope), by base, into context->expected; returns how many. */
+static size_t expected_registrations(struct context *context)
 {
     size_t count = 0;
-    for (int slot = 0; slot < MAX_SLOTS; slot++) {
+    for (size_t r = 0; r < context->run_count && count < MAX_RANGES; r++)
+        if (context->runs[r].registered)
+            context->expected[count++] =
+                (struct fake_cudart_range){.base = context->runs[r].start,
+                                           .size = context->runs[r].end - context->runs[r].start};
+    return count;
+}
+
+/* The pages of the scope's objects that may be registered: tracked and not
+ * held (with --share, while other threads run, that is all a thread can say
+ * of runs that hold other threads' pages), merged, into context->expected. */
+static size_t allowed_pages(struct context *context, const struct context *scope)
+{
+    size_t count = 0;
+    for (int slot = scope->slot_first; slot < scope->slot_end; slot++) {
         const struct object *object = &objects[slot];
-        if (!object->live || !in_scope(scope, slot))
+        if (!object->live)
             continue;
         for (size_t page = 0; page < object->pages; page++) {
-            if (!object->reg[page])
+            if (object->track[page] != TRACK_PLAIN)
                 continue;
             size_t last = page;
-            while (last + 1 < object->pages && object->reg[last + 1])
+            while (last + 1 < object->pages && object->track[last + 1] == TRACK_PLAIN)
                 last++;
             if (count < MAX_RANGES)
                 context->expected[count++] =
@@ -1095,7 +1628,7 @@ static void report_violations(struct context *context)
     }
 }
 
-/* The model itself: a registered page is one the kernel has locked. */
+/* The model itself: a tracked page is one the kernel has locked. */
 static bool check_model_consistent(struct context *context, const struct context *scope)
 {
     bool ok = true;
@@ -1104,9 +1637,8 @@ static bool check_model_consistent(struct context *context, const struct context
         if (!object->live || !in_scope(scope, slot))
             continue;
         for (size_t page = 0; page < object->pages; page++) {
-            if (object->reg[page] && object->klock[page] != KLOCK_YES) {
-                report(context, "model: slot %d page %zu should be registered but is not locked\n",
-                       slot, page);
+            if (object->track[page] != TRACK_NONE && object->klock[page] != KLOCK_YES) {
+                report(context, "model: slot %d page %zu is tracked but not locked\n", slot, page);
                 ok = false;
                 break;
             }
@@ -1154,10 +1686,55 @@ static bool check_disabled_child(struct context *context, const struct context *
     return ok;
 }
 
+/* Whether the registration [base, base + size) touches an object of scope. */
+static bool touches_scope(const struct context *scope, uintptr_t base, size_t size)
+{
+    for (int slot = scope->slot_first; slot < scope->slot_end; slot++) {
+        const struct object *object = &objects[slot];
+        if (object->live && object->start < base + size && object_end(object) > base)
+            return true;
+    }
+    return false;
+}
+
+/* Registrations as (base, size) pairs: each one the runtime holds over the
+ * scope (context->actual, sorted) must be one the model expects
+ * (context->expected, sorted), and the other way round. */
+static size_t compare_registrations(struct context *context, size_t actual, size_t expected)
+{
+    size_t differences = 0, i = 0, j = 0;
+    while (i < actual || j < expected) {
+        const struct fake_cudart_range *a = i < actual ? &context->actual[i] : NULL;
+        const struct fake_cudart_range *e = j < expected ? &context->expected[j] : NULL;
+        if (a != NULL && e != NULL && a->base == e->base && a->size == e->size) {
+            i++;
+            j++;
+            continue;
+        }
+        differences++;
+        if (e == NULL || (a != NULL && a->base <= e->base)) {
+            report(context, "  registration %#lx-%#lx (%lu pages) is not one the model expects",
+                   (unsigned long)a->base, (unsigned long)(a->base + a->size),
+                   (unsigned long)(a->size / page_size));
+            describe_address(context, a->base);
+            report(context, "\n");
+            i++;
+        } else {
+            report(context, "  should be one registration %#lx-%#lx (%lu pages), is not",
+                   (unsigned long)e->base, (unsigned long)(e->base + e->size),
+                   (unsigned long)(e->size / page_size));
+            describe_address(context, e->base);
+            report(context, "\n");
+            j++;
+        }
+    }
+    return differences;
+}
+
 /* The runtime's registrations against the model. With a whole-process scope
- * every registration must be a model page; with a thread's scope only the
- * registrations over that thread's objects are compared (other threads are
- * running). */
+ * every registration must be one the model expects, and the other way round;
+ * with a thread's scope those that touch that thread's objects (other
+ * threads are running; with --share, see allowed_pages). */
 static bool check_runtime(struct context *context, const struct context *scope)
 {
     context->checks++;
@@ -1166,6 +1743,18 @@ static bool check_runtime(struct context *context, const struct context *scope)
      * it is registered when the lock call returns, and checked so. */
     if (shim_drain != NULL && !child_registration_disabled)
         shim_drain();
+    if (__atomic_load_n(&bytes_overflowed, __ATOMIC_RELAXED)) {
+        report(context, "harness: an object's lock bytes need more than %d ranges\n",
+               MAX_LOCK_RANGES);
+        return false;
+    }
+    pthread_mutex_lock(&marks_mutex);
+    bool marks_full = marks_overflowed;
+    pthread_mutex_unlock(&marks_mutex);
+    if (marks_full) {
+        report(context, "harness: more than %d mapping bounds\n", MAX_MARKS);
+        return false;
+    }
     bool ok = check_model_consistent(context, scope);
     if (child_registration_disabled)
         return check_disabled_child(context, scope) && ok;
@@ -1178,6 +1767,7 @@ static bool check_runtime(struct context *context, const struct context *scope)
             return false;
         }
     }
+    qsort(context->snapshot, count, sizeof(*context->snapshot), compare_ranges);
     /* Registrations are whole pages and never overlap or share a page. */
     for (size_t i = 0; i < count; i++) {
         const struct fake_cudart_range *range = &context->snapshot[i];
@@ -1195,8 +1785,30 @@ static bool check_runtime(struct context *context, const struct context *scope)
             ok = false;
         }
     }
+    if (!compute_runs(context, scope)) {
+        report(context, "harness: more than %d runs\n", MAX_RUNS);
+        return false;
+    }
+    bool share_thread = settings.share && !scope->whole_process;
 
-    size_t actual = 0;
+    /* Exactly the registrations the model expects: (base, size) pairs. */
+    size_t expected = 0, actual = 0, differences = 0;
+    if (!share_thread) {
+        for (size_t i = 0; i < count; i++)
+            if (scope->whole_process ||
+                touches_scope(scope, context->snapshot[i].base, context->snapshot[i].size))
+                context->actual[actual++] = context->snapshot[i];
+        expected = expected_registrations(context);
+        for (size_t i = 1; i < expected; i++)
+            if (context->expected[i - 1].base + context->expected[i - 1].size ==
+                context->expected[i].base)
+                cover(context, COVER_REGISTRATIONS_ADJACENT);
+        differences += compare_registrations(context, actual, expected);
+    }
+
+    /* The same page by page (where they differ, for the report; with
+     * --share, a thread's own pages that may not be registered). */
+    actual = 0;
     if (scope->whole_process) {
         memcpy(context->actual, context->snapshot, count * sizeof(*context->snapshot));
         actual = count;
@@ -1220,15 +1832,16 @@ static bool check_runtime(struct context *context, const struct context *scope)
         }
     }
     actual = merge_ranges(context->actual, actual);
-    size_t expected = expected_runs(context, scope);
-
-    size_t differences =
-        report_difference(context, "registered, should not be:", context->actual, actual,
-                          context->expected, expected) +
-        (settings.share && !scope->whole_process
-             ? 0 /* another thread's release may hold this thread's pages out for a moment */
-             : report_difference(context, "should be registered, is not:", context->expected,
-                                 expected, context->actual, actual));
+    if (share_thread)
+        expected = allowed_pages(context, scope);
+    else
+        expected = merge_ranges(context->expected, expected_registrations(context));
+    differences += report_difference(context, "registered, should not be:", context->actual, actual,
+                                     context->expected, expected);
+    if (!share_thread) /* another thread's release may hold this thread's pages out */
+        differences +=
+            report_difference(context, "should be registered, is not:", context->expected, expected,
+                              context->actual, actual);
     if (differences)
         ok = false;
 
@@ -1271,25 +1884,30 @@ static bool check_runtime(struct context *context, const struct context *scope)
         }
     }
 
-    /* The shim's own view agrees at the ends of every run and just outside. */
+    /* The shim's own view agrees at the ends of every registration and just
+     * outside (unless another registration lies there). */
     if (ok && scope->whole_process && shim_is_registered) {
-        for (size_t i = 0; i < expected; i++) {
-            uintptr_t first = context->expected[i].base;
-            uintptr_t last = first + context->expected[i].size - page_size;
+        for (size_t r = 0; r < context->run_count; r++) {
+            const struct run *run = &context->runs[r];
+            if (!run->registered)
+                continue;
+            uintptr_t first = run->start, last = run->end - page_size;
             if (!shim_is_registered((void *)first) || !shim_is_registered((void *)last)) {
                 report(context, "pinshim_is_registered is 0 inside %#lx-%#lx\n",
-                       (unsigned long)first, (unsigned long)(last + page_size));
+                       (unsigned long)first, (unsigned long)run->end);
                 ok = false;
             }
+            const struct run *before = run_at(context, first - page_size);
             if (object_at(&process_context, first - page_size) != NULL &&
+                (before == NULL || !before->registered) &&
                 shim_is_registered((void *)(first - page_size))) {
                 report(context, "pinshim_is_registered is 1 before %#lx\n", (unsigned long)first);
                 ok = false;
             }
-            if (object_at(&process_context, last + page_size) != NULL &&
-                shim_is_registered((void *)(last + page_size))) {
-                report(context, "pinshim_is_registered is 1 after %#lx\n",
-                       (unsigned long)(last + page_size));
+            const struct run *after = run_at(context, run->end);
+            if (object_at(&process_context, run->end) != NULL &&
+                (after == NULL || !after->registered) && shim_is_registered((void *)run->end)) {
+                report(context, "pinshim_is_registered is 1 after %#lx\n", (unsigned long)run->end);
                 ok = false;
             }
         }
@@ -1506,11 +2124,55 @@ static enum exec_result harness_error(struct context *context, const struct op *
     return EXEC_HARNESS_ERROR;
 }
 
-static bool register_on_lock(uint64_t length)
+/* How an mlock2(MLOCK_ONFAULT) of the pages [start, end) that just succeeded
+ * leaves the pages it newly tracks: held, unless PINSHIM_ONFAULT=all or
+ * (resident, the default) every page is resident now (mincore: the shim
+ * asks /proc/self/smaps or PROCMAP_QUERY, with the same answer). */
+static enum track onfault_hold(uintptr_t start, uintptr_t end)
 {
-    if (!registration_possible())
-        return false;
-    return length >= min_bytes || model_bug("small-locks-register");
+    if (onfault_mode == ONFAULT_ALL)
+        return TRACK_PLAIN;
+    if (onfault_mode == ONFAULT_SKIP)
+        return TRACK_ONFAULT;
+    unsigned char resident[256];
+    for (uintptr_t cursor = start; cursor < end;) {
+        size_t pages = (end - cursor) / page_size;
+        if (pages > sizeof(resident))
+            pages = sizeof(resident);
+        if (mincore((void *)cursor, pages * page_size, resident) != 0)
+            return TRACK_ONFAULT; /* cannot tell; the check will say */
+        for (size_t i = 0; i < pages; i++)
+            if (!(resident[i] & 1))
+                return TRACK_ONFAULT;
+        cursor += pages * page_size;
+    }
+    return TRACK_PLAIN;
+}
+
+/* After a successful lock of [address, address + length) (its pages [start,
+ * end)), which tracked pages (tracked_before: some of them were already):
+ * what its run became. */
+static void cover_lock(struct context *context, uintptr_t start, uintptr_t end, uint64_t length,
+                       bool tracked_before)
+{
+    if (length < min_bytes)
+        cover(context, COVER_LOCK_SMALL);
+    if (start >= end || !compute_runs(context, context))
+        return;
+    const struct run *run = run_at(context, start);
+    if (run == NULL)
+        return;
+    if (run->registered) {
+        cover(context, COVER_LOCK_REGISTERING);
+        if (length < min_bytes)
+            cover(context, COVER_SMALL_LOCK_REGISTERED);
+    }
+    if (tracked_before || run->start < start || run->end > end)
+        cover(context, COVER_LOCK_JOINED);
+    if (run->onfault && run->bytes >= min_bytes)
+        cover(context, COVER_RUN_HELD_ONFAULT);
+    if (run_at(context, end - page_size) != run)
+        cover(context, COVER_RUN_CUT_BY_BOUND);
 }
 
 static enum exec_result exec_allocate(struct context *context, const struct op *op)
@@ -1682,8 +2344,10 @@ static enum exec_result exec_mmap(struct context *context, const struct op *op)
             return EXEC_FAILED; /* something is mapped there */
         return harness_error(context, op, "mmap failed");
     }
+    bounds_mapped((uintptr_t)pointer, (uintptr_t)pointer + pages * page_size);
     if (op->kind == OP_MMAP_BESIDE && (uintptr_t)pointer != want) {
         /* A kernel without MAP_FIXED_NOREPLACE took the address as a hint. */
+        bounds_unmapped((uintptr_t)pointer, (uintptr_t)pointer + pages * page_size);
         munmap(pointer, op->length);
         return EXEC_FAILED;
     }
@@ -1699,7 +2363,11 @@ static enum exec_result exec_mmap(struct context *context, const struct op *op)
     object->start = (uintptr_t)pointer;
     object->pages = pages;
     memset(object->klock, locked ? KLOCK_YES : KLOCK_NO, pages);
-    memset(object->reg, locked && register_on_lock(op->length), pages);
+    if (locked) {
+        model_lock(context, object->start, object_end(object), object->start,
+                   object->start + op->length, TRACK_PLAIN);
+        cover_lock(context, object->start, object_end(object), op->length, false);
+    }
     if (op->kind == OP_MMAP_BESIDE && vma_reaches_beyond(context, want, object_end(object)))
         cover(context, COVER_MMAP_MERGED);
     return EXEC_DONE;
@@ -1747,7 +2415,10 @@ static enum exec_result exec_lock(struct context *context, const struct op *op)
             return harness_error(context, op, "munlock failed");
         if (had_registered)
             cover(context, COVER_MUNLOCK_REGISTERED);
-        model_set(context, start, end, KLOCK_NO, model_bug("munlock-keeps") ? KEEP : 0);
+        if (model_bug("munlock-keeps"))
+            model_set_klock(context, start, end, KLOCK_NO);
+        else
+            model_release(context, start, end, KLOCK_NO);
         if (vmas_before != SIZE_MAX)
             note_vma_change(context, start, end, vmas_before);
         return EXEC_DONE;
@@ -1761,8 +2432,12 @@ static enum exec_result exec_lock(struct context *context, const struct op *op)
             return EXEC_FAILED; /* RLIMIT_MEMLOCK; nothing changed */
         return harness_error(context, op, "lock failed");
     }
-    model_set(context, start, end, KLOCK_YES, register_on_lock(op->length) ? 1 : KEEP);
-    cover(context, op->length >= min_bytes ? COVER_LOCK_REGISTERING : COVER_LOCK_SMALL);
+    enum track hold = TRACK_PLAIN;
+    if (op->kind == OP_MLOCK2 && (op->flags & MLOCK_ONFAULT))
+        hold = onfault_hold(start, end);
+    bool tracked_before = any_tracked(context, start, end);
+    model_lock(context, start, end, address, address + op->length, hold);
+    cover_lock(context, start, end, op->length, tracked_before);
     if (vmas_before != SIZE_MAX)
         note_vma_change(context, start, end, vmas_before);
     return EXEC_DONE;
@@ -1781,6 +2456,8 @@ static enum exec_result exec_munmap(struct context *context, const struct op *op
         return EXEC_SKIPPED;
     if (!invalid && any_registered(context, address, end))
         cover(context, COVER_MUNMAP_REGISTERED);
+    if (!invalid)
+        bounds_unmapped(address, end);
     int result = munmap((void *)address, op->length);
     if (invalid) {
         if (result == 0 || errno != EINVAL)
@@ -1819,6 +2496,9 @@ static enum exec_result exec_mmap_fixed(struct context *context, const struct op
         if (result != MAP_FAILED && (uintptr_t)result != address) {
             /* A kernel without MAP_FIXED_NOREPLACE (before 4.17, or qemu-user
              * 7.2) took the address as a hint and mapped elsewhere. */
+            uintptr_t at = (uintptr_t)result, at_end = page_ceil(at + op->length);
+            bounds_mapped(at, at_end);
+            bounds_unmapped(at, at_end);
             munmap(result, op->length);
             return EXEC_FAILED;
         }
@@ -1841,8 +2521,12 @@ static enum exec_result exec_mmap_fixed(struct context *context, const struct op
     }
     if (result != (void *)address)
         return harness_error(context, op, "MAP_FIXED mapped elsewhere");
-    model_set(context, start, end, locked ? KLOCK_YES : KLOCK_NO,
-              locked && register_on_lock(op->length));
+    model_release(context, start, end, KLOCK_NO);
+    bounds_mapped(start, end);
+    if (locked) {
+        model_lock(context, start, end, address, address + op->length, TRACK_PLAIN);
+        cover_lock(context, start, end, op->length, false);
+    }
     if (had_registered)
         cover(context, COVER_MAP_FIXED_REGISTERED);
     return EXEC_DONE;
@@ -1914,10 +2598,13 @@ static void cover_remap_layout(struct context *context, const struct remap_layou
         cover(context, COVER_SHRUNK_BESIDE_LOCKED);
 }
 
-/* A successful mremap(MREMAP_DONTUNMAP): the old range, where it went, and
- * the part of the old range's VMAs the model itself predicts unlocked. */
+/* A successful mremap(MREMAP_DONTUNMAP): the old range, where it went, the
+ * part of the old range's VMAs the model itself predicts unlocked, and the
+ * VMAs the old range touched before the call (what the shim releases and
+ * reads back). */
 struct dontunmap_call {
     uintptr_t old_start, old_end, new_start, new_end, unlocked_start, unlocked_end;
+    uintptr_t released_start, released_end;
 };
 
 /* After MREMAP_DONTUNMAP the kernel, not the model, decides which pages of the
@@ -1943,10 +2630,11 @@ struct dontunmap_call {
  * So every model page in the VMAs the old range, the target and their
  * adjacent neighbours touched before the call, and in the VMAs those pages
  * and the new range lie in after it (kernel_decides), takes its lock state
- * from /proc/self/smaps, and stays registered only if it was registered
- * before the call (a moved page: if its source was) and is still locked. The
- * shim reads the VMAs after such a call and registers again what is still
- * locked, so it must agree.
+ * from /proc/self/smaps, and stays tracked only if it was tracked before the
+ * call (a moved page: if its source was) and is still locked. The shim
+ * releases the VMAs the old range touched (unlocked_start, unlocked_end) and
+ * reads back what is still locked there and at the new place, with whole
+ * pages as lock bytes: so the model, there. Held pages stay held.
  *
  * The model's own prediction stays as a second opinion where it does not
  * depend on the layout: the VMAs holding the old range (as the target cut
@@ -1958,6 +2646,7 @@ static void adopt_kernel_after_dontunmap(struct context *context, const struct d
 {
     struct span_set spans = *kernel_decides;
     bool merged = false, neighbour_unlocked = false;
+    model_bytes_remove(context, call->released_start, call->released_end);
     pthread_mutex_lock(&vmas_mutex);
     size_t count = read_vmas();
     /* After the call: every VMA holding a page of the first spans, or of the new range. */
@@ -1984,6 +2673,8 @@ static void adopt_kernel_after_dontunmap(struct context *context, const struct d
                 continue;
             }
             bool moved = address >= call->new_start && address < call->new_end;
+            bool released =
+                !moved && address >= call->released_start && address < call->released_end;
             bool predicted_unlocked =
                 !moved && ((address >= call->old_start && address < call->old_end) ||
                            (address >= call->unlocked_start && address < call->unlocked_end));
@@ -2000,8 +2691,13 @@ static void adopt_kernel_after_dontunmap(struct context *context, const struct d
                 neighbour_unlocked |= !moved && !predicted_unlocked;
             }
             object->klock[page] = vma->locked ? KLOCK_YES : KLOCK_NO;
-            if (!vma->locked)
-                object->reg[page] = 0;
+            if (!vma->locked) {
+                object->track[page] = TRACK_NONE;
+                object->origin[page] = 0;
+                bytes_remove(object, address, address + page_size);
+            } else if ((moved || released) && object->track[page] != TRACK_NONE) {
+                bytes_add(object, address, address + page_size);
+            }
         }
     }
     pthread_mutex_unlock(&vmas_mutex);
@@ -2009,6 +2705,18 @@ static void adopt_kernel_after_dontunmap(struct context *context, const struct d
         cover(context, COVER_MREMAP_DONTUNMAP_MERGED);
     if (neighbour_unlocked)
         cover(context, COVER_DONTUNMAP_NEIGHBOUR_UNLOCKED);
+}
+
+/* After a failed MREMAP_DONTUNMAP: the shim took the VMAs the old range
+ * touched and the target, and put back what is still locked there, its
+ * whole pages as lock bytes (as after a successful one). */
+static void restore_after_failed_dontunmap(struct context *context, uintptr_t start, uintptr_t end)
+{
+    for (uintptr_t page = start; page < end; page += page_size) {
+        struct object *holder = object_at(context, page);
+        if (holder != NULL && holder->track[(page - holder->start) / page_size] != TRACK_NONE)
+            bytes_add(holder, page, page + page_size);
+    }
 }
 
 static enum exec_result exec_mremap(struct context *context, const struct op *op)
@@ -2076,46 +2784,80 @@ static enum exec_result exec_mremap(struct context *context, const struct op *op
         pthread_mutex_unlock(&vmas_mutex);
         if (unlocked_end == 0)
             return harness_error(context, op, "no VMA holds the old range");
+        flags |= MREMAP_DONTUNMAP;
+    }
+    /* The VMAs the shim releases and reads back (before the target cuts them). */
+    uintptr_t released_start = unlocked_start, released_end = unlocked_end;
+    if (dontunmap && fixed) {
         uintptr_t target_end = target + new_pages * page_size;
-        if (fixed && target < unlocked_end && target_end > unlocked_start) {
+        if (target < unlocked_end && target_end > unlocked_start) {
             if (target_end <= address)
                 unlocked_start = target_end;
             else
                 unlocked_end = target;
         }
-        flags |= MREMAP_DONTUNMAP;
     }
 
     struct remap_layout layout =
         remap_layout_before(context, address, old_end, fixed ? target : 0, new_pages);
 
-    /* What moves: the old pages' states, and for growth the old last page's. */
-    uint8_t klock[MAX_OBJECT_PAGES], reg[MAX_OBJECT_PAGES];
+    /* What moves: the old pages' states, for growth the old last page's, and
+     * the lock bytes of what is kept (moved by the distance moved). */
+    uint8_t klock[MAX_OBJECT_PAGES], track[MAX_OBJECT_PAGES], origin[MAX_OBJECT_PAGES];
     for (size_t page = 0; page < new_pages; page++) {
         uintptr_t from = address + (page < old_pages ? page : old_pages - 1) * page_size;
         const struct object *holder = object_at(context, from);
         size_t index = (from - holder->start) / page_size;
         klock[page] = holder->klock[index];
-        reg[page] = holder->reg[index];
+        track[page] = holder->track[index];
+        origin[page] = holder->origin[index];
         if (page >= old_pages && model_bug("mremap-tail-unregistered"))
-            reg[page] = 0;
+            track[page] = origin[page] = TRACK_NONE;
     }
+    uintptr_t kept_end = new_pages < old_pages ? address + new_pages * page_size : old_end;
+    struct byte_range moved_bytes[4 * MAX_LOCK_RANGES];
+    size_t moved_count = 0;
+    for (int slot = context->slot_first; slot < context->slot_end; slot++) {
+        const struct object *holder = &objects[slot];
+        if (!holder->live || holder->start >= kept_end || object_end(holder) <= address)
+            continue;
+        for (size_t i = 0; i < holder->byte_ranges && moved_count < 4 * MAX_LOCK_RANGES; i++) {
+            uintptr_t from = holder->bytes[i].start > address ? holder->bytes[i].start : address;
+            uintptr_t to = holder->bytes[i].end < kept_end ? holder->bytes[i].end : kept_end;
+            if (from < to)
+                moved_bytes[moved_count++] = (struct byte_range){from, to};
+        }
+    }
+    bool tail_tracked = new_pages > old_pages && track[new_pages - 1] != TRACK_NONE;
 
+    pthread_mutex_lock(&marks_mutex);
     void *result = flags & MREMAP_FIXED
                        ? mremap((void *)address, op->length, op->size, flags, (void *)target)
                        : mremap((void *)address, op->length, op->size, flags);
+    int call_errno = errno;
+    if (result != MAP_FAILED)
+        bounds_remapped_locked(address, old_end, (uintptr_t)result,
+                               (uintptr_t)result + new_pages * page_size, dontunmap);
+    pthread_mutex_unlock(&marks_mutex);
+    errno = call_errno;
     if (result == MAP_FAILED) {
         if (errno != ENOMEM && errno != EFAULT && errno != EINVAL && errno != EAGAIN)
             return harness_error(context, op, "mremap failed unexpectedly");
         /* A failed MREMAP_FIXED may already have unmapped the target. */
         if (fixed && !model_probe_unmapped(context, target, target + new_pages * page_size))
             return EXEC_HARNESS_ERROR;
+        if (dontunmap) {
+            restore_after_failed_dontunmap(context, released_start, released_end);
+            if (fixed)
+                restore_after_failed_dontunmap(context, target, target + new_pages * page_size);
+        }
         return EXEC_FAILED;
     }
     uintptr_t moved_to = (uintptr_t)result;
+    uintptr_t new_end = moved_to + new_pages * page_size;
     if (fixed && moved_to != target)
         return harness_error(context, op, "MREMAP_FIXED moved elsewhere");
-    if (new_pages > old_pages && reg[new_pages - 1])
+    if (tail_tracked)
         cover(context, COVER_MREMAP_GROWN);
     if (moved_to != address && any_registered(context, address, old_end))
         cover(context, COVER_MREMAP_MOVED);
@@ -2129,9 +2871,7 @@ static enum exec_result exec_mremap(struct context *context, const struct op *op
         if (new_pages < old_pages)
             cover(context, COVER_MREMAP_SHRUNK);
         if (new_pages < old_pages)
-            return model_unmap(context, address + new_pages * page_size, old_end)
-                       ? EXEC_DONE
-                       : EXEC_HARNESS_ERROR;
+            return model_unmap(context, new_end, old_end) ? EXEC_DONE : EXEC_HARNESS_ERROR;
         if (new_pages > old_pages) {
             /* Grown in place: the pages after old_end were free. */
             struct object *holder = object_at(context, old_end - page_size);
@@ -2140,13 +2880,15 @@ static enum exec_result exec_mremap(struct context *context, const struct op *op
                 return harness_error(context, op, "mremap grew over a model page");
             if (object_end(holder) == old_end && holder->pages + extra <= MAX_OBJECT_PAGES) {
                 memcpy(holder->klock + holder->pages, klock + old_pages, extra);
-                memcpy(holder->reg + holder->pages, reg + old_pages, extra);
+                memcpy(holder->track + holder->pages, track + old_pages, extra);
+                memcpy(holder->origin + holder->pages, origin + old_pages, extra);
                 holder->pages += extra;
-                return EXEC_DONE;
+            } else if (model_add_map(context, old_end, extra, klock + old_pages, track + old_pages,
+                                     origin + old_pages) == NULL) {
+                return EXEC_HARNESS_ERROR;
             }
-            return model_add_map(context, old_end, extra, klock + old_pages, reg + old_pages)
-                       ? EXEC_DONE
-                       : EXEC_HARNESS_ERROR;
+            if (tail_tracked)
+                model_bytes_add(context, old_end, new_end);
         }
         return EXEC_DONE;
     }
@@ -2158,14 +2900,20 @@ static enum exec_result exec_mremap(struct context *context, const struct op *op
     } else if (object_at(context, moved_to) != NULL) {
         return harness_error(context, op, "mremap moved onto a model page");
     }
-    if (!model_add_map(context, moved_to, new_pages, klock, reg))
+    struct object *moved = model_add_map(context, moved_to, new_pages, klock, track, origin);
+    if (moved == NULL)
         return EXEC_HARNESS_ERROR;
     if (dontunmap) {
-        struct dontunmap_call call = {address,        old_end,
-                                      moved_to,       moved_to + new_pages * page_size,
-                                      unlocked_start, unlocked_end};
+        struct dontunmap_call call = {address,        old_end,      moved_to,       new_end,
+                                      unlocked_start, unlocked_end, released_start, released_end};
         adopt_kernel_after_dontunmap(context, &call, &kernel_decides);
+        return EXEC_DONE;
     }
+    for (size_t i = 0; i < moved_count; i++)
+        bytes_add(moved, moved_bytes[i].start - address + moved_to,
+                  moved_bytes[i].end - address + moved_to);
+    if (tail_tracked)
+        bytes_add(moved, moved_to + old_pages * page_size, new_end);
     return EXEC_DONE;
 }
 
@@ -2177,6 +2925,11 @@ static void forget_heap_object(struct context *context, struct object *object)
         if (object->klock[page] != KLOCK_NO)
             add_leftover(context, object->start + page * page_size,
                          object->start + (page + 1) * page_size);
+    /* The shim releases every page the block touches (none holds lock bytes
+     * of other memory: locks stay inside the interior pages). */
+    memset(object->track, TRACK_NONE, object->pages);
+    memset(object->origin, 0, object->pages);
+    object->byte_ranges = 0;
     object->live = false;
 }
 
@@ -2242,7 +2995,6 @@ static enum exec_result exec_free(struct context *context, const struct op *op)
     uintptr_t end = page_floor((uintptr_t)result + size);
     object->pages = end > object->start ? (end - object->start) / page_size : 0;
     memset(object->klock, KLOCK_UNKNOWN, object->pages);
-    memset(object->reg, 0, object->pages);
     return EXEC_DONE;
 }
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
@@ -2267,7 +3019,7 @@ static enum exec_result exec_hole(struct context *context, const struct op *op)
     if (result == 0 || errno != ENOMEM)
         return harness_error(context, op, "a call over a hole did not fail ENOMEM");
     if (op->kind == OP_MUNLOCK_HOLE) {
-        model_set(context, start, hole, KLOCK_NO, 0);
+        model_release(context, start, hole, KLOCK_NO);
     } else {
         /* Locked up to the hole, unless RLIMIT_MEMLOCK stopped it first. */
         for (uintptr_t page = start; page < hole; page += page_size) {
@@ -2289,7 +3041,9 @@ static enum exec_result exec_all(struct context *context, const struct op *op)
             return harness_error(context, op, "munlockall failed");
         for (int slot = 0; slot < MAX_SLOTS; slot++) {
             memset(objects[slot].klock, KLOCK_NO, MAX_OBJECT_PAGES);
-            memset(objects[slot].reg, 0, MAX_OBJECT_PAGES);
+            memset(objects[slot].track, TRACK_NONE, MAX_OBJECT_PAGES);
+            memset(objects[slot].origin, 0, MAX_OBJECT_PAGES);
+            objects[slot].byte_ranges = 0;
         }
         context->leftover_count = 0;
         for (int t = 0; t < MAX_THREADS; t++)
@@ -2303,6 +3057,296 @@ static enum exec_result exec_all(struct context *context, const struct op *op)
     }
     for (int slot = 0; slot < MAX_SLOTS; slot++)
         memset(objects[slot].klock, KLOCK_YES, MAX_OBJECT_PAGES);
+    return EXEC_DONE;
+}
+
+/* ---- Copies (see the header) ---- */
+
+#define COPY_MAX_BYTES (1u << 20) /* the most one copy moves: the device buffer's size */
+
+/* cudaMemcpyKind, hipMemcpyKind: host to device, device to host. */
+enum { COPY_HOST_TO_DEVICE = 1, COPY_DEVICE_TO_HOST = 2 };
+
+/* The copy counters: fake_cuda_copy_count's kinds (PINNED, PAGEABLE, REFUSED,
+ * DEVICE, HOST, INVALID) and fake_gpu_copy_count's (PINNED, STAGED, REFUSED,
+ * HOST, DEVICE); the first two mean the same in both. */
+enum { COPY_COUNT_PINNED = 0, COPY_COUNT_PAGEABLE = 1, COPY_COUNT_KINDS = 6 };
+
+/* Level Zero's descriptors as ze_api.h lays them out (the model is built
+ * without the vendors' headers). */
+struct ze_desc_context {
+    uint32_t stype;
+    const void *next;
+    uint32_t flags;
+};
+struct ze_desc_queue {
+    uint32_t stype;
+    const void *next;
+    uint32_t ordinal, index, flags, mode, priority;
+};
+struct ze_desc_device_memory {
+    uint32_t stype;
+    const void *next;
+    uint32_t flags, ordinal;
+};
+enum {
+    ZE_STYPE_CONTEXT_DESC = 0xd,
+    ZE_STYPE_COMMAND_QUEUE_DESC = 0xe,
+    ZE_STYPE_DEVICE_MEM_ALLOC_DESC = 0x15,
+    ZE_MODE_SYNCHRONOUS = 1,
+    ZE_MODE_ASYNCHRONOUS = 2,
+};
+
+/* The vendor's copy calls, the device buffer and the fake's counters, set
+ * up at the first copy (copier_ready); copies are serialised by copy_mutex,
+ * so that the counters' changes are a copy's own. */
+static struct {
+    bool ready;
+    void *device;
+    /* CUDA, HIP: (dst, src, bytes, kind), (..., stream), (stream), () */
+    int (*copy)(void *, const void *, size_t, int);
+    int (*copy_async)(void *, const void *, size_t, int, void *);
+    int (*synchronize)(void *);
+    int (*get_last_error)(void);
+    /* Level Zero: an immediate list of each mode */
+    int (*append_copy)(void *, void *, const void *, size_t, void *, uint32_t, void **);
+    int (*list_synchronize)(void *, uint64_t);
+    void *sync_list, *async_list;
+    uint64_t (*count)(int);
+    int count_kinds;
+} copier;
+static pthread_mutex_t copy_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+typedef int (*ze_get_fn)(uint32_t *, void **);
+typedef int (*ze_device_get_fn)(void *, uint32_t *, void **);
+typedef int (*ze_context_create_fn)(void *, const struct ze_desc_context *, void **);
+typedef int (*ze_list_create_fn)(void *, void *, const struct ze_desc_queue *, void **);
+typedef int (*ze_alloc_fn)(void *, const struct ze_desc_device_memory *, size_t, size_t, void *,
+                           void **);
+
+/* Level Zero's device memory and immediate lists, from the loader. */
+static bool ze_copier(void *loader)
+{
+    ze_get_fn driver_get = (ze_get_fn)dlsym(loader, "zeDriverGet");
+    ze_device_get_fn device_get = (ze_device_get_fn)dlsym(loader, "zeDeviceGet");
+    ze_context_create_fn context_create = (ze_context_create_fn)dlsym(loader, "zeContextCreate");
+    ze_list_create_fn list_create =
+        (ze_list_create_fn)dlsym(loader, "zeCommandListCreateImmediate");
+    ze_alloc_fn alloc = (ze_alloc_fn)dlsym(loader, "zeMemAllocDevice");
+    copier.append_copy = (int (*)(void *, void *, const void *, size_t, void *, uint32_t,
+                                  void **))dlsym(loader, "zeCommandListAppendMemoryCopy");
+    copier.list_synchronize =
+        (int (*)(void *, uint64_t))dlsym(loader, "zeCommandListHostSynchronize");
+    if (driver_get == NULL || device_get == NULL || context_create == NULL || list_create == NULL ||
+        alloc == NULL || copier.append_copy == NULL || copier.list_synchronize == NULL)
+        return false;
+    uint32_t count = 1;
+    void *driver = NULL, *device = NULL, *ze_context = NULL;
+    if (driver_get(&count, &driver) != 0 || count == 0)
+        return false;
+    count = 1;
+    if (device_get(driver, &count, &device) != 0 || count == 0)
+        return false;
+    struct ze_desc_context context_desc = {ZE_STYPE_CONTEXT_DESC, NULL, 0};
+    if (context_create(driver, &context_desc, &ze_context) != 0)
+        return false;
+    struct ze_desc_queue sync_desc = {ZE_STYPE_COMMAND_QUEUE_DESC, NULL, 0, 0, 0,
+                                      ZE_MODE_SYNCHRONOUS,         0};
+    struct ze_desc_queue async_desc = {ZE_STYPE_COMMAND_QUEUE_DESC, NULL, 0, 0, 0,
+                                       ZE_MODE_ASYNCHRONOUS,        0};
+    struct ze_desc_device_memory memory_desc = {ZE_STYPE_DEVICE_MEM_ALLOC_DESC, NULL, 0, 0};
+    return list_create(ze_context, device, &sync_desc, &copier.sync_list) == 0 &&
+           list_create(ze_context, device, &async_desc, &copier.async_list) == 0 &&
+           alloc(ze_context, &memory_desc, COPY_MAX_BYTES, 0, device, &copier.device) == 0 &&
+           copier.device != NULL;
+}
+
+/* Sets the copies up, once the runtime is loaded in the process (and, for
+ * Level Zero, initialised: zeInit): false until then (the model never loads
+ * or starts a runtime itself; see the header). A loaded runtime that gives
+ * no device memory or copy calls is a harness error (*failed). copy_mutex held. */
+static bool copier_ready(struct context *context, bool *failed)
+{
+    *failed = false;
+    if (copier.ready)
+        return true;
+    if (child_registration_disabled || !load_fake())
+        return false;
+    void *runtime = dlopen(fake_library(), RTLD_NOW | RTLD_NOLOAD);
+    if (runtime == NULL)
+        return false;
+    bool ok = false;
+    if (vendor == MODEL_ZE) {
+        int (*initialized)(void) = (int (*)(void))dlsym(runtime, "fake_ze_initialized");
+        if (initialized == NULL || !initialized()) {
+            dlclose(runtime);
+            return false;
+        }
+        copier.count = (uint64_t(*)(int))dlsym(runtime, "fake_gpu_copy_count");
+        copier.count_kinds = 5;
+        ok = copier.count != NULL && ze_copier(runtime);
+    } else {
+        bool cuda = vendor == MODEL_CUDA;
+        int (*device_malloc)(void **, size_t) =
+            (int (*)(void **, size_t))dlsym(runtime, cuda ? "cudaMalloc" : "hipMalloc");
+        copier.copy = (int (*)(void *, const void *, size_t, int))dlsym(
+            runtime, cuda ? "cudaMemcpy" : "hipMemcpy");
+        copier.copy_async = (int (*)(void *, const void *, size_t, int, void *))dlsym(
+            runtime, cuda ? "cudaMemcpyAsync" : "hipMemcpyAsync");
+        copier.synchronize = (int (*)(void *))dlsym(runtime, cuda ? "cudaStreamSynchronize"
+                                                                  : "hipStreamSynchronize");
+        copier.get_last_error =
+            (int (*)(void))dlsym(runtime, cuda ? "cudaGetLastError" : "hipGetLastError");
+        if (device_malloc != NULL && copier.copy != NULL && copier.copy_async != NULL &&
+            copier.synchronize != NULL && copier.get_last_error != NULL &&
+            device_malloc(&copier.device, COPY_MAX_BYTES) == 0 && copier.device != NULL) {
+            /* CUDA: the driver's counters (the runtime has loaded it by now). */
+            void *counters = cuda ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) : runtime;
+            copier.count = counters
+                               ? (uint64_t(*)(int))dlsym(counters, cuda ? "fake_cuda_copy_count"
+                                                                        : "fake_gpu_copy_count")
+                               : NULL;
+            copier.count_kinds = cuda ? 6 : 5;
+            if (cuda && counters != NULL)
+                dlclose(counters);
+            ok = copier.count != NULL;
+        }
+    }
+    dlclose(runtime); /* the reference NOLOAD took; the library stays */
+    if (!ok) {
+        *failed = true;
+        report(context, "harness: cannot copy through %s (no device memory or copy calls)\n",
+               fake_library());
+        return false;
+    }
+    copier.ready = true;
+    return true;
+}
+
+/* One copy through the vendor's API, waited for when asynchronous. */
+static int vendor_copy(void *destination, const void *source, size_t length, int kind, bool async)
+{
+    if (vendor == MODEL_ZE) {
+        void *list = async ? copier.async_list : copier.sync_list;
+        int result = copier.append_copy(list, destination, source, length, NULL, 0, NULL);
+        return result != 0 || !async ? result : copier.list_synchronize(list, UINT64_MAX);
+    }
+    if (!async)
+        return copier.copy(destination, source, length, kind);
+    int result = copier.copy_async(destination, source, length, kind, NULL);
+    return result != 0 ? result : copier.synchronize(NULL);
+}
+
+static uint8_t pattern_byte(uint64_t seed, size_t at)
+{
+    uint64_t mixed = (seed + at) * 0x9e3779b97f4a7c15ull;
+    return (uint8_t)((mixed >> 32) ^ (at >> 12));
+}
+
+/* Whether the bytes [start, end) of object lie in locked pages, all in one
+ * run or all in pages the shim does not track (context->runs as computed
+ * now); *registered: in a registered run. */
+static bool copy_range_valid(const struct context *context, const struct object *object,
+                             uintptr_t start, uintptr_t end, bool *registered)
+{
+    if (start >= end || start < object->start || end > object_end(object))
+        return false;
+    const struct run *run = run_at(context, page_floor(start));
+    for (uintptr_t page = page_floor(start); page < end; page += page_size) {
+        if (object->klock[(page - object->start) / page_size] != KLOCK_YES ||
+            run_at(context, page) != run)
+            return false;
+    }
+    *registered = run != NULL && run->registered;
+    return true;
+}
+
+/* A copy of locked memory: op->length bytes at op->offset of slot op->slot
+ * filled with a pattern, copied to device memory and back to op->target_offset
+ * of slot op->target (cleared first, or the same bytes, cleared after the
+ * first copy); flags bit 0: the first copy asynchronous, bit 1: the second.
+ * Both must succeed, the bytes arrive, and each copy count as pinned exactly
+ * when its host range lies in a registered run. */
+static enum exec_result exec_copy(struct context *context, const struct op *op, size_t index)
+{
+    struct object *source = slot_object(context, op->slot);
+    struct object *destination = slot_object(context, op->target);
+    if (source == NULL || destination == NULL || op->length == 0 || op->length > COPY_MAX_BYTES ||
+        op->offset >= source->pages * page_size ||
+        op->target_offset >= destination->pages * page_size)
+        return EXEC_SKIPPED;
+    size_t length = (size_t)op->length;
+    unsigned char *from = (unsigned char *)(source->start + op->offset);
+    unsigned char *to = (unsigned char *)(destination->start + op->target_offset);
+    bool same = from == to;
+    if (!same && from < to + length && to < from + length)
+        return EXEC_SKIPPED;
+    bool from_registered = false, to_registered = false;
+    if (!compute_runs(context, context) ||
+        !copy_range_valid(context, source, (uintptr_t)from, (uintptr_t)from + length,
+                          &from_registered) ||
+        !copy_range_valid(context, destination, (uintptr_t)to, (uintptr_t)to + length,
+                          &to_registered))
+        return EXEC_SKIPPED;
+    pthread_mutex_lock(&copy_mutex);
+    bool failed;
+    if (!copier_ready(context, &failed)) {
+        pthread_mutex_unlock(&copy_mutex);
+        return failed ? EXEC_HARNESS_ERROR : EXEC_SKIPPED;
+    }
+    if (shim_drain != NULL)
+        shim_drain();
+    uint64_t seed = ((uint64_t)index << 20) ^ op->offset ^ (op->length << 40);
+    for (size_t i = 0; i < length; i++)
+        from[i] = pattern_byte(seed, i);
+    if (!same)
+        for (size_t i = 0; i < length; i++)
+            to[i] = (uint8_t)~pattern_byte(seed, i);
+    uint64_t before[COPY_COUNT_KINDS] = {0}, after[COPY_COUNT_KINDS] = {0};
+    for (int kind = 0; kind < copier.count_kinds; kind++)
+        before[kind] = copier.count(kind);
+    int to_device =
+        vendor_copy(copier.device, from, length, COPY_HOST_TO_DEVICE, (op->flags & 1) != 0);
+    if (same)
+        for (size_t i = 0; i < length; i++)
+            to[i] = (uint8_t)~pattern_byte(seed, i);
+    int to_host = to_device != 0 ? 0
+                                 : vendor_copy(to, copier.device, length, COPY_DEVICE_TO_HOST,
+                                               (op->flags & 2) != 0);
+    for (int kind = 0; kind < copier.count_kinds; kind++)
+        after[kind] = copier.count(kind);
+    if ((to_device != 0 || to_host != 0) && copier.get_last_error != NULL)
+        copier.get_last_error(); /* reported below, not left for the next check */
+    pthread_mutex_unlock(&copy_mutex);
+
+    char line[256];
+    format_op(op, line, sizeof(line));
+    if (to_device != 0 || to_host != 0) {
+        report(context, "copy failed: %s: host to device %d, device to host %d\n", line, to_device,
+               to_host);
+        return EXEC_DONE;
+    }
+    for (size_t i = 0; i < length; i++) {
+        if (to[i] != pattern_byte(seed, i) || (!same && from[i] != pattern_byte(seed, i))) {
+            report(context, "copy moved the wrong bytes: %s: byte %zu\n", line, i);
+            return EXEC_DONE;
+        }
+    }
+    uint64_t pinned = (uint64_t)from_registered + (uint64_t)to_registered;
+    for (int kind = 0; kind < copier.count_kinds; kind++) {
+        uint64_t want = kind == COPY_COUNT_PINNED     ? pinned
+                        : kind == COPY_COUNT_PAGEABLE ? 2 - pinned
+                                                      : 0;
+        if (after[kind] - before[kind] != want)
+            report(context,
+                   "copy counted wrong: %s: %" PRIu64 " copies of outcome %d, the model "
+                   "expects %" PRIu64 " (host ranges %s, %s)\n",
+                   line, after[kind] - before[kind], kind, want,
+                   from_registered ? "registered" : "unregistered",
+                   to_registered ? "registered" : "unregistered");
+    }
+    cover(context, from_registered ? COVER_COPY_PINNED : COVER_COPY_PAGEABLE);
+    cover(context, to_registered ? COVER_COPY_PINNED : COVER_COPY_PAGEABLE);
     return EXEC_DONE;
 }
 
@@ -2340,6 +3384,8 @@ static enum exec_result execute(struct context *context, const struct op *op, si
     case OP_MLOCK_HOLE:
     case OP_MUNLOCK_HOLE:
         return exec_hole(context, op);
+    case OP_COPY:
+        return exec_copy(context, op, index);
     case OP_KIND_COUNT:
         break;
     }
@@ -2698,6 +3744,86 @@ static bool make_plan(struct context *context, bool can_create)
     return count > 0;
 }
 
+/* A stretch of locked pages of one object, all in one run or all
+ * untracked: where a copy may go (see exec_copy). */
+struct copy_segment {
+    int slot;
+    uintptr_t start, end;
+};
+
+/* The copy segments of this context (context->runs computed), at most max. */
+static size_t copy_segments(struct context *context, struct copy_segment *out, size_t max)
+{
+    size_t count = 0;
+    for (int slot = context->slot_first; slot < context->slot_end; slot++) {
+        const struct object *object = &objects[slot];
+        if (!object->live)
+            continue;
+        bool open = false;
+        const struct run *run = NULL;
+        for (size_t page = 0; page < object->pages; page++) {
+            uintptr_t address = object->start + page * page_size;
+            if (object->klock[page] != KLOCK_YES) {
+                open = false;
+                continue;
+            }
+            const struct run *holder = run_at(context, address);
+            if (open && holder == run) {
+                out[count - 1].end = address + page_size;
+                continue;
+            }
+            if (count == max)
+                return count;
+            out[count++] = (struct copy_segment){slot, address, address + page_size};
+            open = true;
+            run = holder;
+        }
+    }
+    return count;
+}
+
+/* A copy (exec_copy): a few KiB to 1 MiB of locked memory, mostly small,
+ * back into another stretch of locked memory or into the same bytes. */
+static void generate_copy(struct context *context, struct op *op)
+{
+    uint64_t *rng = &context->rng;
+    struct copy_segment segments[256];
+    size_t count = compute_runs(context, context) ? copy_segments(context, segments, 256) : 0;
+    op->slot = op->target =
+        (int)(rng_below(rng, (uint64_t)(context->slot_end - context->slot_first)) +
+              (uint64_t)context->slot_first);
+    if (count == 0) {
+        op->length = page_size; /* nothing locked: skipped */
+        return;
+    }
+    const struct copy_segment *source = &segments[rng_below(rng, count)];
+    uint64_t room = source->end - source->start;
+    if (room > COPY_MAX_BYTES)
+        room = COPY_MAX_BYTES;
+    unsigned choice = (unsigned)rng_below(rng, 100);
+    uint64_t most = choice < 55 ? 16384 : choice < 90 ? 262144 : room;
+    op->length = rng_between(rng, 1, most < room ? most : room);
+    op->slot = op->target = source->slot;
+    op->offset = source->start - objects[source->slot].start +
+                 rng_below(rng, source->end - source->start - op->length + 1);
+    op->target_offset = op->offset;
+    op->flags = rng_below(rng, 4);
+    if (rng_chance(rng, 0.4))
+        return; /* back into the same bytes */
+    for (int attempt = 0; attempt < 4; attempt++) {
+        const struct copy_segment *other = &segments[rng_below(rng, count)];
+        if (other->end - other->start < op->length)
+            continue;
+        uintptr_t at = other->start + rng_below(rng, other->end - other->start - op->length + 1);
+        uintptr_t from = objects[source->slot].start + op->offset;
+        if (at < from + op->length && from < at + op->length)
+            continue;
+        op->target = other->slot;
+        op->target_offset = at - objects[other->slot].start;
+        return;
+    }
+}
+
 static bool generate_op(struct context *context, struct op *op)
 {
     uint64_t *rng = &context->rng;
@@ -2747,10 +3873,16 @@ static bool generate_op(struct context *context, struct op *op)
         {OP_MLOCKALL, context->whole_process ? 2 : 0},
         {OP_MLOCK_HOLE, context->whole_process && have_map ? 8 : 0},
         {OP_MUNLOCK_HOLE, context->whole_process && have_map ? 8 : 0},
+        {OP_COPY, 0}, /* settings.copy_rate of all: set below */
     };
     unsigned total = 0;
-    for (size_t i = 0; i < sizeof(table) / sizeof(*table); i++)
+    size_t entries = sizeof(table) / sizeof(*table);
+    for (size_t i = 0; i + 1 < entries; i++)
         total += table[i].weight;
+    if (have_pages && settings.copy_rate > 0 && settings.copy_rate < 1)
+        table[entries - 1].weight =
+            (unsigned)((double)total * settings.copy_rate / (1 - settings.copy_rate) + 0.5);
+    total += table[entries - 1].weight;
     if (total == 0)
         return false;
     unsigned pick = (unsigned)rng_below(rng, total);
@@ -2906,6 +4038,9 @@ static bool generate_op(struct context *context, struct op *op)
         op->slot = (int)(object - objects);
         op->offset = rng_below(rng, object->pages * page_size);
         break;
+    case OP_COPY:
+        generate_copy(context, op);
+        break;
     default:
         break;
     }
@@ -2982,6 +4117,7 @@ static enum step_verdict cleanup(struct context *context)
             forget_heap_object(context, object);
         } else {
             uintptr_t start = object->start, end = object_end(object);
+            bounds_unmapped(start, end);
             if (munmap((void *)start, end - start) != 0) {
                 report(context, "harness: cleanup munmap failed\n");
                 return STEP_HARNESS;
@@ -3028,9 +4164,14 @@ static void run_fork_child(struct context *parent, const struct op *op, size_t p
         frozen_register_calls = fake_calls(FAKE_CALL_REGISTER);
         frozen_unregister_calls = fake_calls(FAKE_CALL_UNREGISTER);
     }
+    /* Nothing is tracked in the child (the mapping bounds stay), and the
+     * parent's device memory is not the child's. */
+    memset(&copier, 0, sizeof(copier));
     for (int slot = 0; slot < MAX_SLOTS; slot++) {
         memset(objects[slot].klock, KLOCK_NO, MAX_OBJECT_PAGES);
-        memset(objects[slot].reg, 0, MAX_OBJECT_PAGES);
+        memset(objects[slot].track, TRACK_NONE, MAX_OBJECT_PAGES);
+        memset(objects[slot].origin, 0, MAX_OBJECT_PAGES);
+        objects[slot].byte_ranges = 0;
     }
     struct context *context = parent; /* always process_context */
     init_process_context(context, parent->slot_end, parent->object_cap, op->seed);
@@ -3485,16 +4626,17 @@ static void thread_failure(struct context *context, enum step_verdict verdict, s
  * at the same time, so releases split one registration from several threads
  * at once.
  *
- * The per-page model stays exact: a page is only ever changed by the thread
- * that owns it, and the shim's rule for a lock racing an unlock of a SHARED
- * PAGE (adopt_race_skipped_pages) does not apply, because windows are whole
- * disjoint pages: no allowance is made for race-skipped pages. One allowance
- * is needed: while thread A releases its part of a registration, the rest of
- * it, thread B's pages included, is unregistered and registered again, so
- * B's own check after an op may find its pages missing for a moment. So a
- * thread checks after each op only that nothing of its own is registered that
- * should not be; the full check, both ways, runs at every barrier, when all
- * threads wait.
+ * The model stays exact: a page is only ever changed by the thread that owns
+ * it (the bounds are the process's, under their mutex). But a run holds
+ * several threads' pages, and whether it is registered, and where its
+ * registration ends, depends on all of them (a page another thread locks
+ * with MLOCK_ONFAULT holds it; one it unlocks cuts it). And while thread A
+ * releases its part of a run, the rest of it, thread B's pages included, is
+ * unregistered and registered again, so B's own check after an op may find
+ * its pages missing for a moment. So a thread checks after each op only that
+ * none of its own pages that must not be registered (not tracked, or held)
+ * is; the full check, registrations as (base, size) pairs, runs at every
+ * barrier, when all threads wait.
  *
  * The dangerous interleaving is reached on purpose, not by luck: at every
  * barrier, --pair-rounds times, the main thread maps one region per pair of
@@ -3542,6 +4684,7 @@ static void share_unmap_objects(uintptr_t start, uintptr_t end)
         struct object *object = &objects[slot];
         while (object->live && object->start < end && object_end(object) > start) {
             uintptr_t from = object->start, to = object_end(object);
+            bounds_unmapped(from, to);
             if (munmap((void *)from, to - from) != 0) {
                 report(context, "harness: munmap of a window failed (errno %d)\n", errno);
                 share_failure(STEP_HARNESS, "unmapping windows");
@@ -3571,6 +4714,8 @@ static uintptr_t share_map_region(size_t total, const size_t *first, const size_
         report(context, "harness: mmap of %zu pages for windows failed (errno %d)\n", total, errno);
         share_failure(STEP_HARNESS, "mapping windows");
     }
+    uintptr_t start = (uintptr_t)region, end = start + length;
+    bounds_mapped(start, end);
     int result = lock_kind == 1   ? mlock(region, length)
                  : lock_kind == 2 ? mlock2(region, length, MLOCK_ONFAULT)
                                   : 0;
@@ -3579,17 +4724,24 @@ static uintptr_t share_map_region(size_t total, const size_t *first, const size_
         munlock(region, length); /* a failed lock may have locked part */
         locked = false;
     }
-    static uint8_t klock[MAX_OBJECT_PAGES * MAX_THREADS], reg[MAX_OBJECT_PAGES * MAX_THREADS];
+    enum track hold = lock_kind == 2 ? onfault_hold(start, end) : TRACK_PLAIN;
+    static uint8_t klock[MAX_OBJECT_PAGES * MAX_THREADS], track[MAX_OBJECT_PAGES * MAX_THREADS],
+        origin[MAX_OBJECT_PAGES * MAX_THREADS];
     memset(klock, locked ? KLOCK_YES : KLOCK_NO, total);
-    memset(reg, locked && register_on_lock(length), total);
+    memset(track, locked ? hold : TRACK_NONE, total);
+    memset(origin, locked ? next_lock_origin() : 0, total);
     for (size_t i = 0; i < count; i++) {
         struct context *thread = &thread_contexts[owner[i]];
-        uintptr_t start = (uintptr_t)region + first[i] * page_size;
-        if (!model_add_map(thread, start, pages[i], klock + first[i], reg + first[i]))
+        uintptr_t window = start + first[i] * page_size;
+        struct object *object = model_add_map(thread, window, pages[i], klock + first[i],
+                                              track + first[i], origin + first[i]);
+        if (object == NULL)
             share_failure(STEP_HARNESS, "handing out windows");
-        slots[i] = (int)(object_at(thread, start) - objects);
+        if (locked)
+            bytes_add(object, start, end);
+        slots[i] = (int)(object - objects);
     }
-    return (uintptr_t)region;
+    return start;
 }
 
 /* Windows for the next stretch of ops: what the threads left of the last ones
@@ -3910,55 +5062,6 @@ static void barrier_duties(size_t round)
     }
 }
 
-/* The pages a lock op of this thread asks to register: [*start, *end). */
-static bool registering_lock_range(struct context *context, const struct op *op, uintptr_t *start,
-                                   uintptr_t *end)
-{
-    struct object *object = slot_object(context, op->slot);
-    if (object == NULL || op->length < min_bytes)
-        return false;
-    uintptr_t address;
-    if (op->kind == OP_MLOCK || op->kind == OP_MLOCK2) {
-        if (!lock_target(context, object, op, &address, start, end))
-            return false;
-    } else if (op->kind == OP_MMAP_FIXED && (op->flags & MMAP_FLAG_LOCKED) &&
-               object->kind == OBJECT_MAP && op->offset < object->pages * page_size) {
-        *start = page_floor(object->start + op->offset);
-        *end = page_ceil(object->start + op->offset + op->length);
-    } else {
-        return false;
-    }
-    return *end > *start && (*end - *start) / page_size <= sizeof(context->registered_before);
-}
-
-/* With threads, the shim leaves out of a lock's registration the pages that
- * an unlock running meanwhile touches, and all of them when more unlocks
- * came than it keeps notes of (ENGINE_RECENT_UNLOCKS), though this thread's
- * pages are its own (see the report). Pages this lock newly asked for that
- * the runtime does not hold are taken as left out, and counted. */
-static void adopt_race_skipped_pages(struct context *context, uintptr_t start, uintptr_t end)
-{
-    if (shim_drain != NULL)
-        shim_drain(); /* queued registrations are not race-skipped pages */
-    size_t count = load_fake() ? fake.snapshot(context->snapshot, MAX_RANGES) : 0;
-    size_t next = 0;
-    for (uintptr_t page = start; page < end; page += page_size) {
-        struct object *holder = object_at(context, page);
-        if (holder == NULL || context->registered_before[(page - start) / page_size])
-            continue;
-        size_t index = (page - holder->start) / page_size;
-        if (!holder->reg[index])
-            continue;
-        while (next < count && context->snapshot[next].base + context->snapshot[next].size <= page)
-            next++;
-        bool held = next < count && context->snapshot[next].base <= page;
-        if (!held) {
-            holder->reg[index] = 0;
-            context->race_skipped_pages++;
-        }
-    }
-}
-
 static void *thread_main(void *argument)
 {
     struct context *context = argument;
@@ -3981,32 +5084,12 @@ static void *thread_main(void *argument)
             }
             size_t index = context->op_count - 1;
             bool shared = settings.share && releases_shared_registration(context, &op);
-            uintptr_t lock_start = 0, lock_end = 0;
-            /* With --share no allowance: see share_setup. */
-            bool lenient = !settings.expose_known_bugs && !settings.share &&
-                           registering_lock_range(context, &op, &lock_start, &lock_end);
-            /* MAP_FIXED replaces the pages: all of them are registered anew. */
-            if (lenient)
-                for (uintptr_t page = lock_start; page < lock_end; page += page_size)
-                    context->registered_before[(page - lock_start) / page_size] =
-                        op.kind != OP_MMAP_FIXED && any_registered(context, page, page + page_size);
             enum exec_result result = execute(context, &op, index);
             count_result(context, &op, result);
             if (result == EXEC_HARNESS_ERROR)
                 thread_failure(context, STEP_HARNESS, index);
             if (shared && result == EXEC_DONE)
                 cover(context, COVER_SHARED_RELEASE);
-            if (!settings.expose_known_bugs && !settings.share && result == EXEC_DONE &&
-                op.kind == OP_MMAP && (op.flags & MMAP_FLAG_LOCKED) && op.length >= min_bytes) {
-                /* A new mapping: where it lands is known only now. */
-                const struct object *mapped = slot_object(context, op.slot);
-                lock_start = mapped->start;
-                lock_end = object_end(mapped);
-                memset(context->registered_before, 0, sizeof(context->registered_before));
-                lenient = true;
-            }
-            if (lenient && result == EXEC_DONE)
-                adopt_race_skipped_pages(context, lock_start, lock_end);
             bool ok = context->report_length == 0;
             if (!check_runtime(context, context))
                 ok = false;
@@ -4066,7 +5149,6 @@ static int run_threads(void)
     enum step_verdict verdict = cleanup(&process_context);
     struct op_counts total = process_context.counts;
     uint64_t checks = process_context.checks;
-    uint64_t race_skipped = 0;
     size_t ops = 0;
     for (int t = 0; t < count; t++) {
         for (int kind = 0; kind < OP_KIND_COUNT; kind++) {
@@ -4077,7 +5159,6 @@ static int run_threads(void)
         for (int what = 0; what < COVER_COUNT; what++)
             total.covered[what] += thread_contexts[t].counts.covered[what];
         checks += thread_contexts[t].checks;
-        race_skipped += thread_contexts[t].race_skipped_pages;
         ops += thread_contexts[t].op_count;
     }
     if (verdict != STEP_OK) {
@@ -4091,11 +5172,10 @@ static int run_threads(void)
     if (!settings.quiet) {
         print_counts(stdout, &total);
         printf("summary seed=%" PRIu64 " threads=%d ops=%zu checks=%" PRIu64
-               " register_calls=%" PRIu64 " unregister_calls=%" PRIu64
-               " race_skipped_pages=%" PRIu64 " share=%d pair_rounds=%zu"
+               " register_calls=%" PRIu64 " unregister_calls=%" PRIu64 " share=%d pair_rounds=%zu"
                " kernel_mlock2=%d kernel_dontunmap_source_listed=%d\n",
                settings.seed, count, ops, checks, fake_calls(FAKE_CALL_REGISTER),
-               fake_calls(FAKE_CALL_UNREGISTER), race_skipped, settings.share, settings.pair_rounds,
+               fake_calls(FAKE_CALL_UNREGISTER), settings.share, settings.pair_rounds,
                kernel_does.mlock2, kernel_does.dontunmap_source_listed);
     }
     printf("PASS\n");
@@ -4136,7 +5216,7 @@ static int usage(void)
             "                    [--replay FILE] [--no-shrink] [--shrunk-out FILE]\n"
             "                    [--shrink-budget SECONDS] [--quiet] [--trace]\n"
             "                    [--expose-known-bugs] [--inject-model-bug NAME]\n"
-            "                    [--layout-rate R] [--share [--pair-rounds N]\n"
+            "                    [--layout-rate R] [--copy-rate R] [--share [--pair-rounds N]\n"
             "                    [--pair-delay-us U] [--pair-pages P]]\n"
             "Run with LD_PRELOAD=libpinshim.so PINSHIM_CUDART=libfake_cudart.so.\n");
     return EXIT_USAGE;
@@ -4207,6 +5287,8 @@ int main(int argc, char **argv)
                 settings.model_bug = value;
             else if (strcmp(arg, "--layout-rate") == 0)
                 settings.layout_rate = strtod(value, NULL);
+            else if (strcmp(arg, "--copy-rate") == 0)
+                settings.copy_rate = strtod(value, NULL);
             else if (strcmp(arg, "--pair-rounds") == 0)
                 pair_rounds = value;
             else if (strcmp(arg, "--pair-pages") == 0)
@@ -4230,6 +5312,17 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     rounding_threshold = min_bytes < 65536 ? 65536 : (size_t)min_bytes;
+    const char *onfault = getenv("PINSHIM_ONFAULT");
+    if (onfault != NULL && *onfault != '\0') {
+        if (strcasecmp(onfault, "skip") == 0)
+            onfault_mode = ONFAULT_SKIP;
+        else if (strcasecmp(onfault, "all") == 0)
+            onfault_mode = ONFAULT_ALL;
+        else if (strcasecmp(onfault, "resident") != 0) {
+            fprintf(stderr, "model_random: cannot read PINSHIM_ONFAULT=%s\n", onfault);
+            return EXIT_USAGE;
+        }
+    }
     shim_is_registered = (int (*)(const void *))dlsym(RTLD_DEFAULT, "pinshim_is_registered");
     shim_get_counters =
         (size_t(*)(struct pinshim_counters *, size_t))dlsym(RTLD_DEFAULT, "pinshim_get_counters");

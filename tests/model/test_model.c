@@ -1,14 +1,23 @@
 /* Model-based random testing: runs model_random (see model_random.c) under
- * LD_PRELOAD=libpinshim.so with the fake CUDA runtime over many seeds, with
- * and without the runtime's /proc/self/smaps checks, with 8 threads, with
- * many forks and with other PINSHIM_MIN_BYTES values; requires the runs to
- * reach the VMA layouts where splits and merges decide what stays locked;
- * runs threads that share mappings and release pieces of one registration at
- * once (--share), also under a runtime whose cudaHostUnregister is slow;
- * checks that a deliberately wrong model is caught and shrunk, that sequences
- * replay, and documents the shim bugs the model found (the .txt files in
- * tests/model). Paths come from meson: PINSHIM_LIB, FAKE_CUDART, SLOW_RUNTIME,
- * MODEL_RANDOM, MODEL_SOURCE_DIR. */
+ * LD_PRELOAD=libpinshim.so with the fake CUDA runtime (and the fake HIP and
+ * Level Zero ones) over many seeds, with and without the runtime's
+ * /proc/self/smaps checks, with 8 threads, with many forks, with other
+ * PINSHIM_MIN_BYTES values and PINSHIM_ONFAULT rules. model_random checks
+ * after every operation that the runtime holds exactly the registrations of
+ * issue 34's rule (one per run of locked pages, as (base, size) pairs), and
+ * copies locked memory through the vendor's API (every copy succeeds, moves
+ * the right bytes, and is pinned exactly when its range lies in a registered
+ * run). The tests require the runs to reach the situations that rule is
+ * about (adjacent locks joined, small locks beside registered runs, runs held
+ * by MLOCK_ONFAULT, runs cut where mappings meet, pinned and pageable
+ * copies) and the VMA layouts where splits and merges decide what stays
+ * locked; run threads that share mappings and release pieces of one
+ * registration at once (--share), also under a runtime whose
+ * cudaHostUnregister is slow; check that deliberately wrong models are
+ * caught and shrunk (a wrong boundary by the (base, size) check alone), that
+ * sequences replay, and replay the shim bugs the model found (the .txt files
+ * in tests/model). Paths come from meson: PINSHIM_LIB, FAKE_CUDART,
+ * SLOW_RUNTIME, MODEL_RANDOM, MODEL_SOURCE_DIR. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -45,13 +54,17 @@ struct run_options {
      * directory holding it goes on LD_LIBRARY_PATH for create mode, which
      * searches the vendor's library by soname). */
     const char *vendor;
+    /* PINSHIM_ONFAULT (model_random reads it too); NULL: the default,
+     * resident (an MLOCK_ONFAULT lock not all resident holds its run). */
+    const char *onfault;
 };
 
 /* Runs model_random with args (NULL-terminated). */
 static int run_model(struct child_result *result, const char *const *args,
                      struct run_options options)
 {
-    char preload[1024], cudart[1024], min_bytes[64], vendor[64], fake[1100], library_path[1100];
+    char preload[1024], cudart[1024], min_bytes[64], vendor[64], fake[1100], library_path[1100],
+        onfault[64];
     snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", required_env("PINSHIM_LIB"));
     const char *fake_path = NULL;
     if (options.vendor == NULL) {
@@ -69,10 +82,13 @@ static int run_model(struct child_result *result, const char *const *args,
              fake_path ? fake_path : "");
     snprintf(min_bytes, sizeof(min_bytes), "PINSHIM_MIN_BYTES=%s",
              options.min_bytes ? options.min_bytes : "16K");
+    snprintf(onfault, sizeof(onfault), "PINSHIM_ONFAULT=%s",
+             options.onfault ? options.onfault : "resident");
     const char *environment[] = {
         preload,
         cudart,
         min_bytes,
+        onfault,
         options.smaps_checks ? "FAKE_CUDART_CHECK=1" : "FAKE_CUDART_CHECK=0",
         "PINSHIM_REGISTER=",
         "PINSHIM_FLAGS=",
@@ -141,16 +157,18 @@ static const char *const layout_keys[LAYOUT_COUNT] = {
 
 /* What runs reached, summed from their "coverage:" and "summary" lines. */
 struct coverage_totals {
-    uint64_t lock_registering, lock_small, munlock_registered, munmap_registered,
-        map_fixed_registered, free_registered, mremap_moved, mremap_grown, mremap_shrunk,
-        mremap_fixed, mremap_dontunmap, fork_inherited, fork_fresh, ops, register_calls,
-        shared_release, paired_release;
+    uint64_t lock_registering, lock_small, lock_joined, small_lock_registered, run_held_onfault,
+        registrations_adjacent, run_cut_by_bound, copy_pinned, copy_pageable, munlock_registered,
+        munmap_registered, map_fixed_registered, free_registered, mremap_moved, mremap_grown,
+        mremap_shrunk, mremap_fixed, mremap_dontunmap, fork_inherited, fork_fresh, ops,
+        register_calls, shared_release, paired_release;
     uint64_t layouts[LAYOUT_COUNT];
     bool layout_fixed; /* every run summed had address-space randomisation off */
     /* Every run's kernel probe found that the kernel moves several VMAs at
      * once, and that a DONTUNMAP move merges with its neighbours. */
     bool kernel_moves_several_vmas, kernel_dontunmap_merges;
     bool dontunmap_followed; /* every run made MREMAP_DONTUNMAP moves (none skipped them) */
+    bool kernel_mlock2;      /* every run had the mlock2 system call (MLOCK_ONFAULT locks) */
     unsigned runs;
 };
 
@@ -167,6 +185,13 @@ static void add_coverage(struct coverage_totals *totals, const char *out)
     cr_assert_not_null(line, "no coverage line in:\n%s", out);
     totals->lock_registering += number_after(line, " lock_registering=");
     totals->lock_small += number_after(line, " lock_small=");
+    totals->lock_joined += number_after(line, " lock_joined=");
+    totals->small_lock_registered += number_after(line, " small_lock_registered=");
+    totals->run_held_onfault += number_after(line, " run_held_onfault=");
+    totals->registrations_adjacent += number_after(line, " registrations_adjacent=");
+    totals->run_cut_by_bound += number_after(line, " run_cut_by_bound=");
+    totals->copy_pinned += number_after(line, " copy_pinned=");
+    totals->copy_pageable += number_after(line, " copy_pageable=");
     totals->munlock_registered += number_after(line, " munlock_registered=");
     totals->munmap_registered += number_after(line, " munmap_registered=");
     totals->map_fixed_registered += number_after(line, " map_fixed_registered=");
@@ -194,6 +219,8 @@ static void add_coverage(struct coverage_totals *totals, const char *out)
         (first || totals->kernel_dontunmap_merges) && strstr(summary, " kernel_dontunmap_merges=1");
     totals->dontunmap_followed = (first || totals->dontunmap_followed) &&
                                  strstr(summary, " kernel_dontunmap_source_listed=1");
+    totals->kernel_mlock2 =
+        (first || totals->kernel_mlock2) && strstr(summary, " kernel_mlock2=1") != NULL;
     if (first && !totals->dontunmap_followed)
         cr_log_info("/proc/self/maps loses the source of an MREMAP_DONTUNMAP move (qemu-user): "
                     "such moves are skipped");
@@ -216,12 +243,24 @@ static void expect_pass(struct coverage_totals *totals, const char *const *args,
     child_result_free(&result);
 }
 
-/* A run that never reached the shim's interesting paths proves little. */
+/* A run that never reached the shim's interesting paths proves little: the
+ * rule's cases (a lock joining tracked pages into one run, a small lock whose
+ * run is registered, a run held by MLOCK_ONFAULT pages under the default
+ * PINSHIM_ONFAULT, registrations side by side where mappings meet, a lock
+ * across such a bound, copies both pinned and pageable) and the releases. */
 static void expect_broad_coverage(const struct coverage_totals *totals)
 {
     cr_expect_gt(totals->register_calls, 0);
     cr_expect_gt(totals->lock_registering, 0);
     cr_expect_gt(totals->lock_small, 0);
+    cr_expect_gt(totals->lock_joined, 0);
+    cr_expect_gt(totals->small_lock_registered, 0);
+    if (totals->kernel_mlock2)
+        cr_expect_gt(totals->run_held_onfault, 0);
+    cr_expect_gt(totals->registrations_adjacent, 0);
+    cr_expect_gt(totals->run_cut_by_bound, 0);
+    cr_expect_gt(totals->copy_pinned, 0);
+    cr_expect_gt(totals->copy_pageable, 0);
     cr_expect_gt(totals->munlock_registered, 0);
     cr_expect_gt(totals->munmap_registered, 0);
     cr_expect_gt(totals->map_fixed_registered, 0);
@@ -360,6 +399,23 @@ Test(model, other_min_bytes, .timeout = 300)
     }
 }
 
+/* The other PINSHIM_ONFAULT rules: skip (every MLOCK_ONFAULT lock holds its
+ * run) and all (none does; the model's residency plays no part). */
+Test(model, onfault_rules, .timeout = 300)
+{
+    static const char *const rules[] = {"skip", "all"};
+    for (size_t i = 0; i < sizeof(rules) / sizeof(*rules); i++) {
+        struct coverage_totals totals = {0};
+        run_seeds(401, 3, "1000", NULL, (struct run_options){.onfault = rules[i]}, &totals);
+        cr_expect_gt(totals.lock_registering, 0, "PINSHIM_ONFAULT=%s", rules[i]);
+        cr_expect_gt(totals.copy_pinned, 0, "PINSHIM_ONFAULT=%s", rules[i]);
+        if (strcmp(rules[i], "all") == 0)
+            cr_expect_eq(totals.run_held_onfault, 0);
+        else if (totals.kernel_mlock2)
+            cr_expect_gt(totals.run_held_onfault, 0);
+    }
+}
+
 /* Asynchronous registration stays a tested mode: the registration thread
  * registers, model_random waits for it before each check (MODEL_DRAIN=1). */
 Test(model, volume_asynchronous, .timeout = 300)
@@ -396,11 +452,12 @@ Test(model, eight_threads, .timeout = 300)
     }
 }
 
-/* The same, strict: no registration may be missing, not even one the shim's
- * race rule would allow. Threads work on their own objects, so no unlock
- * really races a lock; the shim asks the kernel when an unlock of another (or
- * an older) mapping at the same addresses looks like one (regression test:
- * whole ranges went unregistered before). */
+/* Another seed, as the test that once turned the race allowance off
+ * (--expose-known-bugs, still accepted): there is no allowance left, every
+ * thread run is strict, since the shim serialises overlapping operations and
+ * the runs around them (regression test: whole ranges went unregistered when
+ * an unlock of another, or an older, mapping at the same addresses looked
+ * like a race). */
 Test(model, eight_threads_strict, .timeout = 300)
 {
     struct coverage_totals totals = {0};
@@ -562,9 +619,10 @@ Test(model, record_and_replay, .timeout = 120)
     free(directory);
 }
 
-/* The checks can fail: with a deliberately wrong rule (locks below
- * PINSHIM_MIN_BYTES register) the run must disagree, report the seed and op,
- * and shrink to a short replayable sequence that fails only with the wrong rule. */
+/* The checks can fail: with a deliberately wrong rule (runs of fewer lock
+ * bytes than PINSHIM_MIN_BYTES register) the run must disagree, report the
+ * seed and op, and shrink to a short replayable sequence that fails only with
+ * the wrong rule. */
 Test(model, a_wrong_model_is_caught_and_shrunk, .timeout = 300)
 {
     char *directory = make_temp_dir();
@@ -604,6 +662,64 @@ Test(model, a_wrong_model_is_caught_and_shrunk, .timeout = 300)
     child_result_free(&result);
     remove_tree(directory);
     free(directory);
+}
+
+/* The boundaries are checked, not only the pages. With a deliberately wrong
+ * rule that keeps two locks meeting in one mapping apart (two registrations
+ * where the shim rightly makes one), the same pages are registered either
+ * way: only the (base, size) check can tell. A sequence written for that
+ * fails on that check alone; a seeded run finds such a case by itself and
+ * shrinks it to a short sequence that fails only with the wrong rule. */
+Test(model, a_wrong_boundary_is_caught_by_the_boundary_check, .timeout = 300)
+{
+    char *directory = make_temp_dir();
+    cr_assert_not_null(directory);
+    char *path = write_temp_file(directory, "adjacent.txt",
+                                 "mmap slot=0 len=131072 flags=0\n"
+                                 "mlock slot=0 off=0 len=32768\n"
+                                 "mlock slot=0 off=32768 len=32768\n");
+    struct child_result result;
+    const char *with_bug[] = {
+        "--replay", path, "--no-shrink", "--inject-model-bug", "adjacent-locks-apart", NULL};
+    run_model(&result, with_bug, (struct run_options){0});
+    cr_assert_eq(result.status, 1, "exit %d\n%s\n%s", result.status, result.out, result.err);
+    cr_assert(strstr(result.out, "is not one the model expects") != NULL, "%s", result.out);
+    cr_assert(strstr(result.out, "should be one registration") != NULL, "%s", result.out);
+    cr_assert(strstr(result.out, "should be registered, is not:") == NULL, "%s", result.out);
+    cr_assert(strstr(result.out, "registered, should not be:") == NULL, "%s", result.out);
+    child_result_free(&result);
+    const char *without_bug[] = {"--replay", path, NULL};
+    run_model(&result, without_bug, (struct run_options){0});
+    cr_assert_eq(result.status, 0, "the right model fails:\n%s", result.out);
+    child_result_free(&result);
+
+    char shrunk[1024];
+    snprintf(shrunk, sizeof(shrunk), "%s/shrunk.txt", directory);
+    const char *seeded[] = {
+        "--seed",       "5",    "--ops", "400", "--inject-model-bug", "adjacent-locks-apart",
+        "--shrunk-out", shrunk, NULL};
+    run_model(&result, seeded, (struct run_options){0});
+    cr_assert_eq(result.status, 1, "exit %d\n%s\n%s", result.status, result.out, result.err);
+    cr_assert(strstr(result.out, "is not one the model expects") != NULL, "%s", result.out);
+    const char *summary = strstr(result.out, "shortest failing sequence (");
+    cr_assert_not_null(summary, "%s", result.out);
+    unsigned long length = strtoul(summary + strlen("shortest failing sequence ("), NULL, 10);
+    unsigned long longest = test_emulator() != NULL ? 8 : 4;
+    cr_assert(length >= 2 && length <= longest, "shrunk to %lu ops:\n%s", length, result.out);
+    child_result_free(&result);
+    const char *shrunk_with_bug[] = {
+        "--replay", shrunk, "--no-shrink", "--inject-model-bug", "adjacent-locks-apart", NULL};
+    run_model(&result, shrunk_with_bug, (struct run_options){0});
+    cr_assert_eq(result.status, 1, "the shrunk sequence does not fail:\n%s", result.out);
+    child_result_free(&result);
+    const char *shrunk_without_bug[] = {"--replay", shrunk, NULL};
+    run_model(&result, shrunk_without_bug, (struct run_options){0});
+    cr_assert_eq(result.status, 0, "the shrunk sequence fails with the right model:\n%s",
+                 result.out);
+    child_result_free(&result);
+    remove_tree(directory);
+    free(directory);
+    free(path);
 }
 
 /* The per-thread checks of the multi-threaded variant can fail too. */
@@ -650,7 +766,8 @@ static void replay_kept_sequence(struct coverage_totals *totals, const char *nam
                      "such a move here (qemu-user)",
                      name);
     const char *args[] = {"--replay", path, "--kernel-check-every", "1", NULL};
-    expect_pass(totals, args, (struct run_options){.smaps_checks = true});
+    /* Written when MLOCK_ONFAULT locks registered whole: they replay so. */
+    expect_pass(totals, args, (struct run_options){.smaps_checks = true, .onfault = "all"});
 }
 
 /* Shim bugs the model found, all fixed in the shim (cc650c0, 17e0119,
@@ -674,6 +791,12 @@ REGRESSION_TEST(dontunmap_target_failed, 0)
  * move just below the source in the same mapping, which pages stay locked
  * depends on VMA merges; the model now takes the kernel's word there. */
 REGRESSION_TEST(dontunmap_fixed_below_merge, 2)
+
+/* Issue 34 (one registration per run of locked pages): one lock across two
+ * mappings made side by side by two mmap calls is two runs, cut where the
+ * mappings meet. Red until the shim is fixed: it tracked the lock's pages as
+ * one record across the bound (see the file). */
+REGRESSION_TEST(lock_across_mappings, 0)
 
 /* The seeds that failed on those bugs before the fixes (each at an
  * MREMAP_FIXED | MREMAP_DONTUNMAP). A seed replays exactly only with the same

@@ -1373,6 +1373,28 @@ Test(engine, side_by_side_mappings_are_apart_and_released_alone)
     mapping_bounds_destroy(&bounds);
 }
 
+/* One lock over two mappings side by side: two runs, two registrations
+ * (the model found one: a record spanned the bound). */
+Test(engine, one_lock_over_two_mappings_registers_each_apart)
+{
+    engine_set_mapping_bounds(&engine, &bounds);
+    mapping_bounds_note_mapped(&bounds, A(0), A(16 * PAGE));
+    mapping_bounds_note_mapped(&bounds, A(16 * PAGE), A(32 * PAGE));
+    lock(A(0), 32 * PAGE);
+    uintptr_t apart[] = {A(0), A(16 * PAGE), A(16 * PAGE), A(32 * PAGE)};
+    expect_ranges(apart, 2);
+    mapping_bounds_destroy(&bounds);
+}
+
+/* A lock of no bytes (the kernel still locks the page of an unaligned
+ * address) is not tracked: a page with no lock bytes no free would find. */
+Test(engine, a_lock_of_no_bytes_tracks_nothing)
+{
+    lock(A(1000), 0);
+    cr_assert_eq(engine_state_at(&engine, A(0)), -1);
+    cr_assert_not(engine_has_registrations(&engine));
+}
+
 /* Pieces of one buffer locked in any order end as one registration. */
 Test(engine, pieces_in_any_order_make_one_registration)
 {

@@ -3,6 +3,7 @@
 #include "mapping_bounds.h"
 
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -53,31 +54,94 @@ Test(mapping_bounds, side_by_side_mappings_stay_apart)
     expect_splits(0, 24, NULL, 0);
 }
 
+/* mremap as the engine and the interposer make it: the old range's marks
+ * go before the call, and after it the new place is a mapping of its own
+ * (moved) or the mapping ends at its new end (in place). */
+static void remap(uintptr_t old_start, size_t old_size, size_t new_size, int flags, long result)
+{
+    struct mapping_bounds_remap token;
+    mapping_bounds_remap_begin(&bounds, &token, old_start, old_size, PAGE);
+    mapping_bounds_remap_end(&bounds, &token, result, new_size, flags, PAGE);
+}
+
 Test(mapping_bounds, mremap_moves_and_resizes)
 {
     mapping_bounds_note_mapped(&bounds, A(0), A(10));
-    /* In place: only the end moves (a mapping grown over pages not its own
-     * before keeps no bound inside). */
-    mapping_bounds_note_remapped(&bounds, A(0), 10 * PAGE, 14 * PAGE, 0, A(0), PAGE);
+    /* In place: the start stays, the end moves. */
+    remap(A(0), 10 * PAGE, 14 * PAGE, 0, (long)A(0));
     uintptr_t grown[] = {0, 14};
     expect_splits(0, 20, grown, 2);
-    mapping_bounds_note_remapped(&bounds, A(0), 14 * PAGE, 6 * PAGE, 0, A(0), PAGE);
+    remap(A(0), 14 * PAGE, 6 * PAGE, 0, (long)A(0));
     uintptr_t shrunk[] = {0, 6};
     expect_splits(0, 20, shrunk, 2);
     /* A tail part remapped in place: the mapping still starts at 0. */
-    mapping_bounds_note_remapped(&bounds, A(2), 4 * PAGE, 8 * PAGE, 0, A(2), PAGE);
+    remap(A(2), 4 * PAGE, 8 * PAGE, 0, (long)A(2));
     uintptr_t tail[] = {0, 10};
     expect_splits(0, 20, tail, 2);
+    /* A failed call puts the marks back. */
+    remap(A(0), 10 * PAGE, 30 * PAGE, 1, -1);
+    expect_splits(0, 20, tail, 2);
     /* Moved: the old place goes, the new one is a mapping of its own. */
-    mapping_bounds_note_remapped(&bounds, A(0), 10 * PAGE, 10 * PAGE, 1 | 2, A(40), PAGE);
+    remap(A(0), 10 * PAGE, 10 * PAGE, 1 | 2, (long)A(40));
     expect_splits(0, 20, NULL, 0);
     uintptr_t moved[] = {40, 50};
     expect_splits(36, 54, moved, 2);
     /* MREMAP_DONTUNMAP keeps the old place mapped, and its bounds. */
     mapping_bounds_note_mapped(&bounds, A(60), A(64));
-    mapping_bounds_note_remapped(&bounds, A(60), 4 * PAGE, 4 * PAGE, 1 | 2 | 4, A(70), PAGE);
+    remap(A(60), 4 * PAGE, 4 * PAGE, 1 | 2 | 4, (long)A(70));
     uintptr_t both[] = {60, 64, 70, 74};
     expect_splits(58, 76, both, 4);
+}
+
+static void *map_at_zero(void *argument)
+{
+    (void)argument;
+    mapping_bounds_note_mapped(&bounds, A(0), A(4));
+    return NULL;
+}
+
+/* A mapping another thread makes in the range a move freed notes its marks
+ * after the move's: the marks' lock is held from before the call to after
+ * it, so the move cannot wipe them. */
+Test(mapping_bounds, a_mapping_in_the_range_a_move_freed_keeps_its_bounds)
+{
+    mapping_bounds_note_mapped(&bounds, A(0), A(8));
+    struct mapping_bounds_remap token;
+    mapping_bounds_remap_begin(&bounds, &token, A(0), 8 * PAGE, PAGE);
+    /* The kernel moved it to A(100); another thread's mmap lands at A(0)
+     * and notes it while the move still holds the lock. */
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, map_at_zero, NULL), 0);
+    mapping_bounds_remap_end(&bounds, &token, (long)A(100), 8 * PAGE, 1, PAGE);
+    pthread_join(thread, NULL);
+    uintptr_t kept[] = {0, 4};
+    expect_splits(0, 10, kept, 2);
+    uintptr_t moved[] = {100, 108};
+    expect_splits(98, 110, moved, 2);
+}
+
+/* A move of several mappings at once (Linux 6.17): the bounds inside come
+ * along, at the same offsets. */
+Test(mapping_bounds, a_move_of_several_mappings_keeps_the_bounds_inside)
+{
+    mapping_bounds_note_mapped(&bounds, A(0), A(4));
+    mapping_bounds_note_mapped(&bounds, A(4), A(10));
+    remap(A(0), 10 * PAGE, 10 * PAGE, 1 | 2, (long)A(50));
+    uintptr_t moved[] = {50, 54, 60};
+    expect_splits(48, 62, moved, 3);
+    expect_splits(0, 12, NULL, 0);
+}
+
+/* The next split in a range, as the engine asks when it tracks new pages. */
+Test(mapping_bounds, the_next_split_in_a_range)
+{
+    cr_assert_eq(mapping_bounds_next_split(&bounds, A(0), A(10)), A(10), "nothing noted");
+    mapping_bounds_note_mapped(&bounds, A(0), A(4));
+    mapping_bounds_note_mapped(&bounds, A(4), A(9));
+    cr_assert_eq(mapping_bounds_next_split(&bounds, A(0), A(20)), A(4));
+    cr_assert_eq(mapping_bounds_next_split(&bounds, A(4), A(20)), A(9));
+    cr_assert_eq(mapping_bounds_next_split(&bounds, A(9), A(20)), A(20));
+    cr_assert_eq(mapping_bounds_next_split(NULL, A(0), A(20)), A(20));
 }
 
 /* The lock word holds the holder's pid: a fork child finds the parent's
