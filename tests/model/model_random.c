@@ -1018,9 +1018,8 @@ static void bounds_remapped_locked(uintptr_t old_start, uintptr_t old_end, uintp
         bounds_resized_locked(old_end, new_end);
         return;
     }
-    uintptr_t copied_end = old_end - old_start < new_end - new_start
-                               ? old_end
-                               : old_start + (new_end - new_start);
+    uintptr_t copied_end =
+        old_end - old_start < new_end - new_start ? old_end : old_start + (new_end - new_start);
     static struct mark inside[MAX_MARKS];
     size_t count = 0;
     for (size_t i = marks_from(old_start + page_size);
