@@ -66,6 +66,25 @@ struct engine_ticket {
     struct engine_piece *head;
 };
 
+/* How a piece put back or moved is tracked again: as it was. Its place was
+ * chosen or not; what held its run keeps holding it, the rest is new and
+ * its run says what it becomes. */
+static inline enum engine_choice engine_piece_choice(const struct engine_piece *piece)
+{
+    return piece->state == RANGE_PENDING || (piece->place.flags & RANGE_PLACE_DEFERRED)
+               ? ENGINE_PLACE_DEFER
+               : ENGINE_PLACE_READY;
+}
+
+static inline enum range_held engine_piece_hold(const struct engine_piece *piece)
+{
+    if (piece->state == RANGE_HELD &&
+        (piece->held == RANGE_HELD_ONFAULT || piece->held == RANGE_HELD_REFUSED ||
+         piece->held == RANGE_HELD_NO_ACCESS))
+        return (enum range_held)piece->held;
+    return RANGE_HELD_NEW;
+}
+
 /* One running entry point: its claim, its cancellation state, the errno the
  * program had, and whether it must start the registration thread. */
 struct engine_op {

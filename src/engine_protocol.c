@@ -305,18 +305,8 @@ void engine_restore_locked(struct engine_op *op, struct engine_ticket *ticket, u
             engine_insert_record_locked(engine, &record);
             continue;
         }
-        /* As it was: what holds its run keeps holding it; the rest is new,
-         * and its run says what it becomes. */
-        enum range_held hold = RANGE_HELD_NEW;
-        if (piece->state == RANGE_HELD &&
-            (piece->held == RANGE_HELD_ONFAULT || piece->held == RANGE_HELD_REFUSED ||
-             piece->held == RANGE_HELD_NO_ACCESS))
-            hold = (enum range_held)piece->held;
-        enum engine_choice choice =
-            piece->state == RANGE_PENDING || (piece->place.flags & RANGE_PLACE_DEFERRED)
-                ? ENGINE_PLACE_DEFER
-                : ENGINE_PLACE_READY;
-        engine_track_range_locked(op, start, end, choice, &piece->place, hold);
+        engine_track_range_locked(op, start, end, engine_piece_choice(piece), &piece->place,
+                                  engine_piece_hold(piece));
     }
     engine_ticket_discard_locked(engine, ticket);
     if (low < high)

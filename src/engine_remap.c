@@ -14,23 +14,6 @@
 #define MREMAP_DONTUNMAP 4
 #endif
 
-/* How a moved piece is tracked at its new place: as it was. */
-static enum engine_choice piece_choice(const struct engine_piece *piece)
-{
-    return piece->state == RANGE_PENDING || (piece->place.flags & RANGE_PLACE_DEFERRED)
-               ? ENGINE_PLACE_DEFER
-               : ENGINE_PLACE_READY;
-}
-
-static enum range_held piece_hold(const struct engine_piece *piece)
-{
-    if (piece->state == RANGE_HELD &&
-        (piece->held == RANGE_HELD_ONFAULT || piece->held == RANGE_HELD_REFUSED ||
-         piece->held == RANGE_HELD_NO_ACCESS))
-        return (enum range_held)piece->held;
-    return RANGE_HELD_NEW;
-}
-
 /* Tracks at new_start what the ticket released in [old_start, old_end), with
  * its lock bytes: a moved or resized locked mapping stays locked (Linux
  * carries VM_LOCKED with the mapping), and growth of a locked mapping is
@@ -61,8 +44,8 @@ static void register_moved_locked(struct engine_op *op, struct engine_ticket *ti
             end = new_end;
         }
         if (start < end)
-            engine_track_range_locked(op, start, end, piece_choice(piece), &piece->place,
-                                      piece_hold(piece));
+            engine_track_range_locked(op, start, end, engine_piece_choice(piece), &piece->place,
+                                      engine_piece_hold(piece));
     }
     engine_settle_locked(op, new_start, new_end);
 }
@@ -78,8 +61,8 @@ static void register_locked_part(void *context, uintptr_t start, uintptr_t end)
     struct engine *engine = part->op->engine;
     pthread_mutex_lock(&engine->mutex);
     if (engine_op_claims(part->op, start, end))
-        engine_add_range_locked(part->op, start, end, start, end, piece_choice(part->piece),
-                                &part->piece->place, piece_hold(part->piece));
+        engine_add_range_locked(part->op, start, end, start, end, engine_piece_choice(part->piece),
+                                &part->piece->place, engine_piece_hold(part->piece));
     pthread_mutex_unlock(&engine->mutex);
 }
 
@@ -181,8 +164,7 @@ long engine_remap(struct engine *engine, uintptr_t old_start, size_t old_size, s
         errno = call_errno;
         return result;
     }
-    /* What the target held is gone; the mappings' bounds move with them
-     * (in place only the end moves). */
+    /* What the target held is gone. */
     for (struct engine_piece *piece = replaced.head; piece != NULL; piece = piece->next)
         engine_lock_bytes_remove_locked(engine, piece->start, piece->end);
     if (dontunmap) {

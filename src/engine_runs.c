@@ -212,16 +212,13 @@ static enum range_state waiting_state(const struct engine *engine, const struct 
     return RANGE_REGISTERING;
 }
 
-/* A group is already what it should be: one record, registered, or waiting
- * as its place says. */
-static bool group_settled(const struct engine *engine, const struct range_record *record)
+/* A group of one record is already what it should be: registered, queued
+ * (its place chosen), or pending (none yet). */
+static bool group_settled(const struct range_record *record)
 {
-    if (record->state == RANGE_REGISTERED)
-        return true;
-    if (record->state == RANGE_QUEUED || record->state == RANGE_PENDING)
-        return (enum range_state)record->state == waiting_state(engine, &record->place) ||
-               (record->state == RANGE_QUEUED && place_chosen(&record->place));
-    return false;
+    return record->state == RANGE_REGISTERED ||
+           (record->state == RANGE_QUEUED && place_chosen(&record->place)) ||
+           (record->state == RANGE_PENDING && !place_chosen(&record->place));
 }
 
 /* Registers the group of records [start, end) as one: registered parts are
@@ -232,7 +229,7 @@ static bool register_group_locked(struct engine_op *op, uintptr_t start, uintptr
 {
     struct engine *engine = op->engine;
     struct range_record *first = range_registry_find(&engine->registry, start);
-    if (first->end == end && group_settled(engine, first))
+    if (first->end == end && group_settled(first))
         return false;
     if (!place_chosen(&place)) {
         /* Made of locks too small to ask where they would go (no runtime is
