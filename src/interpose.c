@@ -844,8 +844,8 @@ static long run_mremap(void *arguments)
     mapping_bounds_remap_begin(&runtime_mapping_bounds, &bounds, (uintptr_t)call->old_address,
                                call->old_size, runtime_page_size);
     errno = saved_errno;
-    long result = (long)real.mremap(call->old_address, call->old_size, call->new_size,
-                                    call->flags, call->new_address);
+    long result = (long)real.mremap(call->old_address, call->old_size, call->new_size, call->flags,
+                                    call->new_address);
     saved_errno = errno;
     mapping_bounds_remap_end(&runtime_mapping_bounds, &bounds, result, call->new_size, call->flags,
                              runtime_page_size);
