@@ -200,8 +200,9 @@ static void release_part_locked(struct engine_op *op, uintptr_t base, uintptr_t 
          * succeeds). */
         engine_remove_record_locked(engine, base);
         if (request->reason != RELEASE_EXIT) {
-            engine_lock_bytes_remove_locked(engine, whole_start, start);
-            engine_lock_bytes_remove_locked(engine, end, whole_end);
+            uintptr_t left_end = start, right_start = end;
+            engine_lock_bytes_remove_locked(engine, whole_start, left_end);
+            engine_lock_bytes_remove_locked(engine, right_start, whole_end);
         }
         return;
     }

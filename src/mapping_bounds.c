@@ -190,13 +190,16 @@ uintptr_t mapping_bounds_next_split(const struct mapping_bounds *bounds, uintptr
     if (bounds == NULL || __atomic_load_n(&bounds->ready, __ATOMIC_ACQUIRE) <= 0 ||
         from >= PAGE_INDEX_LIMIT)
         return to;
+    /* The granules after from's, up to to: a bound at from itself is not
+     * inside the range. */
+    uintptr_t first = (from & ~(PAGE_INDEX_GRANULE - 1)) + PAGE_INDEX_GRANULE;
+    if (first >= to || first >= PAGE_INDEX_LIMIT)
+        return to;
     uintptr_t limit = to < PAGE_INDEX_LIMIT ? to : PAGE_INDEX_LIMIT;
-    uintptr_t start = (from & ~(PAGE_INDEX_GRANULE - 1)) + PAGE_INDEX_GRANULE, found;
-    uintptr_t next = to;
-    if (start < limit && page_index_find_next(&bounds->marks, STARTS, true, start, limit, &found))
+    uintptr_t next = to, found;
+    if (page_index_find_next(&bounds->marks, STARTS, true, first, limit, &found))
         next = found;
-    if (start < limit && page_index_find_next(&bounds->marks, ENDS, true, start, limit, &found) &&
-        found < next)
+    if (page_index_find_next(&bounds->marks, ENDS, true, first, limit, &found) && found < next)
         next = found;
     return next;
 }
