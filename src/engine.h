@@ -555,7 +555,9 @@ long engine_map(struct engine *engine, uintptr_t fixed_start, size_t length, boo
 /* munlock, munmap, munlockall: releases the registrations overlapping the
  * pages [start, end) (registering the parts outside it again, each part of
  * a run one registration), runs call, and after a failure registers again
- * what the call left locked. munmap's range leaves the mapping bounds. */
+ * what the call left locked. munmap's range leaves the mapping bounds:
+ * before the call where no page of it is tracked, else with the call, once
+ * the op holds the pages (mapping_bounds_unmap_begin). */
 long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
                    enum release_reason reason, enum engine_failure_rule failure,
                    const struct engine_call *call);

@@ -477,18 +477,53 @@ static uintptr_t first_unmapped_page(struct engine *engine, uintptr_t start, uin
     return start + mapped_pages * page;
 }
 
+/* munmap with the op holding [start, end): its bounds go with the call
+ * (mapping_bounds_unmap_begin). Before the op held the pages, another op
+ * could take the pages on both sides of a bound for one run and register
+ * them as one. */
+struct unmapping_call {
+    const struct engine_call *call;
+    struct mapping_bounds *bounds;
+    uintptr_t start, end;
+};
+
+static long run_unmapping(void *arguments)
+{
+    struct unmapping_call *unmapping = arguments;
+    struct mapping_bounds_unmap unmap;
+    mapping_bounds_unmap_begin(unmapping->bounds, &unmap, unmapping->start, unmapping->end);
+    long result = unmapping->call->run(unmapping->call->arguments);
+    int call_errno = errno;
+    mapping_bounds_unmap_end(unmapping->bounds, &unmap, result == 0);
+    errno = call_errno;
+    return result;
+}
+
+/* The call, with munmap's range leaving the bounds before it where no page
+ * of it is tracked. */
+static long run_plain_release(struct engine *engine, uintptr_t start, uintptr_t end,
+                              enum release_reason reason, const struct engine_call *call)
+{
+    if (reason == RELEASE_MUNMAP) {
+        int saved_errno = errno;
+        mapping_bounds_note_unmapped(engine->bounds, start, end);
+        errno = saved_errno;
+    }
+    return engine_run_plain(call);
+}
+
 long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
                    enum release_reason reason, enum engine_failure_rule failure,
                    const struct engine_call *call)
 {
-    if (!engine_active(engine) || start >= end)
-        return engine_run_plain(call);
     if (end > PAGE_INDEX_LIMIT)
         end = PAGE_INDEX_LIMIT;
+    if (!engine_active(engine) || start >= end)
+        return run_plain_release(engine, start, end, reason, call);
     /* Only munlock must claim pages that hold no record: a lock of a buffer
      * sharing a page may be running, and munlock undoes its lock. */
     if (reason != RELEASE_MUNLOCK && !engine_may_overlap(engine, start, end))
-        return engine_run_plain(call);
+        return run_plain_release(engine, start, end, reason, call);
     struct engine_op op;
     engine_op_begin(&op, engine, call->name);
     engine_prefetch_locked(engine, start, end);
@@ -497,8 +532,11 @@ long engine_unlock(struct engine *engine, uintptr_t start, uintptr_t end,
     struct engine_ticket ticket = {0};
     struct release_request request = {start, end, reason, &ticket, false, 0, 0};
     engine_release_locked(&op, &request);
+    struct unmapping_call unmapping = {call, engine->bounds, start, end};
+    struct engine_call unmapping_call = {run_unmapping, &unmapping, call->name};
     int call_errno;
-    long result = engine_op_run(&op, call, &call_errno);
+    long result =
+        engine_op_run(&op, reason == RELEASE_MUNMAP ? &unmapping_call : call, &call_errno);
     if (result != 0) {
         uintptr_t still_locked_from = start;
         if (failure == ENGINE_FAILED_UNLOCKED_TO_HOLE && call_errno == ENOMEM) {

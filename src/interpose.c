@@ -751,17 +751,20 @@ PINSHIM_EXPORT int munmap(void *addr, size_t length)
     uintptr_t start = (uintptr_t)addr;
     if (reentry_guarded() || length == 0 || start % runtime_page_size != 0)
         return real.munmap(addr, length);
-    /* The bounds go before the call: a mapping placed there once it returns
-     * keeps the marks it makes. */
-    int saved_errno = errno;
-    reentry_guard_enter();
-    mapping_bounds_note_unmapped(&runtime_mapping_bounds, start, range_end(start, length));
-    reentry_guard_leave();
-    errno = saved_errno;
     runtime_notice_gpu();
     if (!engine_may_overlap(&runtime_engine, start, range_end(start, length)) ||
-        called_by_gpu_runtime(__builtin_return_address(0)))
+        called_by_gpu_runtime(__builtin_return_address(0))) {
+        /* No page of it tracked (or the GPU runtime's own): the bounds go
+         * before the call, so that a mapping placed there once it returns
+         * keeps the marks it makes. Tracked pages' bounds go with the call,
+         * inside the engine's operation on them. */
+        int saved_errno = errno;
+        reentry_guard_enter();
+        mapping_bounds_note_unmapped(&runtime_mapping_bounds, start, range_end(start, length));
+        reentry_guard_leave();
+        errno = saved_errno;
         return real.munmap(addr, length);
+    }
     struct map_call arguments = {.addr = addr, .length = length};
     struct engine_call call = {run_munmap, &arguments, "munmap"};
     reentry_guard_enter();

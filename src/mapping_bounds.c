@@ -63,17 +63,41 @@ void mapping_bounds_note_mapped(struct mapping_bounds *bounds, uintptr_t start, 
     bounds_unlock(bounds);
 }
 
+/* The marks [start, end) owned go, with the lock held: the starts inside
+ * [start, end) and the ends inside (start, end]; a neighbour that ends at
+ * start or starts at end keeps its mark. */
+static void clear_unmapped(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end)
+{
+    page_index_clear_map(&bounds->marks, STARTS, start, end);
+    page_index_clear_map(&bounds->marks, ENDS, start + PAGE_INDEX_GRANULE,
+                         end < PAGE_INDEX_LIMIT ? end + PAGE_INDEX_GRANULE : end);
+}
+
 void mapping_bounds_note_unmapped(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end)
 {
     if (bounds == NULL || !in_index(start, end) ||
         __atomic_load_n(&bounds->ready, __ATOMIC_ACQUIRE) <= 0)
         return;
     bounds_lock(bounds);
-    /* The starts inside [start, end) and the ends inside (start, end]: a
-     * neighbour that ends at start or starts at end keeps its mark. */
-    page_index_clear_map(&bounds->marks, STARTS, start, end);
-    page_index_clear_map(&bounds->marks, ENDS, start + PAGE_INDEX_GRANULE,
-                         end < PAGE_INDEX_LIMIT ? end + PAGE_INDEX_GRANULE : end);
+    clear_unmapped(bounds, start, end);
+    bounds_unlock(bounds);
+}
+
+void mapping_bounds_unmap_begin(struct mapping_bounds *bounds, struct mapping_bounds_unmap *unmap,
+                                uintptr_t start, uintptr_t end)
+{
+    *unmap = (struct mapping_bounds_unmap){start, end, bounds != NULL && in_index(start, end)};
+    if (unmap->locked)
+        bounds_lock(bounds);
+}
+
+void mapping_bounds_unmap_end(struct mapping_bounds *bounds,
+                              const struct mapping_bounds_unmap *unmap, bool unmapped)
+{
+    if (!unmap->locked)
+        return;
+    if (unmapped && __atomic_load_n(&bounds->ready, __ATOMIC_ACQUIRE) > 0)
+        clear_unmapped(bounds, unmap->start, unmap->end);
     bounds_unlock(bounds);
 }
 

@@ -42,8 +42,26 @@ struct mapping_bounds {
 /* A new mapping covers [start, end) (page-aligned): it starts and ends
  * there, and marks inside it are gone. */
 void mapping_bounds_note_mapped(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end);
-/* [start, end) was unmapped: the marks it owned go. */
+/* [start, end) is about to be unmapped: the marks it owned go. Called
+ * before the call, so that a mapping placed there once it returns keeps
+ * the marks it makes; only where no page of the range is tracked (a mark
+ * beside a tracked page changes only inside the engine's operation on it). */
 void mapping_bounds_note_unmapped(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end);
+/* munmap of tracked pages, in two steps around the call, which the engine
+ * makes once its operation holds the pages (the pages on both sides of a
+ * bound it clears are then its own, or outside every run it may join): the
+ * marks' lock is held from before the call to after it, so that a mapping
+ * another thread places in the freed range notes its marks after these go;
+ * and they go only when the call unmapped the range (a failed munmap keeps
+ * every mapping, with its bounds). */
+struct mapping_bounds_unmap {
+    uintptr_t start, end;
+    bool locked;
+};
+void mapping_bounds_unmap_begin(struct mapping_bounds *bounds, struct mapping_bounds_unmap *unmap,
+                                uintptr_t start, uintptr_t end);
+void mapping_bounds_unmap_end(struct mapping_bounds *bounds,
+                              const struct mapping_bounds_unmap *unmap, bool unmapped);
 /* mremap in two steps, the marks' lock held from before the call to after
  * it: a mapping another thread makes in the range a move freed notes its
  * marks after the move's (the range was the mover's until the call).

@@ -1357,7 +1357,11 @@ Test(engine, side_by_side_mappings_are_apart_and_released_alone)
     cr_assert_eq(mock.register_calls, 8);
     cr_assert_eq(mock.unregister_calls, 0);
     unlock(A(3 * 32 * PAGE), A(4 * 32 * PAGE), RELEASE_MUNMAP);
-    mapping_bounds_note_unmapped(&bounds, A(3 * 32 * PAGE), A(4 * 32 * PAGE));
+    /* Its bounds went with it; its neighbours' stay. */
+    cr_assert_not(page_index_test_bit(&bounds.marks, PAGE_INDEX_USED, A(3 * 32 * PAGE)));
+    cr_assert_not(page_index_test_bit(&bounds.marks, PAGE_INDEX_BASE, A(4 * 32 * PAGE)));
+    cr_assert(mapping_bounds_split_at(&bounds, A(3 * 32 * PAGE)));
+    cr_assert(mapping_bounds_split_at(&bounds, A(4 * 32 * PAGE)));
     cr_assert_eq(mock.register_calls, 8, "releasing one registered another again");
     cr_assert_eq(mock.unregister_calls, 1);
     struct pinshim_counters counters;
@@ -1383,6 +1387,88 @@ Test(engine, one_lock_over_two_mappings_registers_each_apart)
     lock(A(0), 32 * PAGE);
     uintptr_t apart[] = {A(0), A(16 * PAGE), A(16 * PAGE), A(32 * PAGE)};
     expect_ranges(apart, 2);
+    mapping_bounds_destroy(&bounds);
+}
+
+struct unmap_job {
+    uintptr_t start, end;
+    bool done;
+};
+
+static void *unmap_job_main(void *argument)
+{
+    struct unmap_job *job = argument;
+    unlock(job->start, job->end, RELEASE_MUNMAP);
+    __atomic_store_n(&job->done, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* A munmap that waits for pages another call holds keeps the bounds of
+ * what it will unmap until it holds them: meanwhile its neighbour's pages
+ * are still an object apart, and an unlock there registers its remainder
+ * alone. CI's eight-thread model run found one registration over both when
+ * munmap's bounds went before it held its pages, where the neighbour was
+ * what was left of a mapping whose first part had been unmapped (no start
+ * mark of its own: the bound was the mapping below's end mark alone), and
+ * the mapping below was placed in the hole. */
+Test(engine, a_munmap_waiting_for_its_pages_keeps_their_bounds, .timeout = 30)
+{
+    engine_set_mapping_bounds(&engine, &bounds);
+    mapping_bounds_note_mapped(&bounds, A(0), A(128 * PAGE));
+    mapping_bounds_note_unmapped(&bounds, A(0), A(64 * PAGE));
+    mapping_bounds_note_mapped(&bounds, A(0), A(64 * PAGE));
+    cr_assert_not(page_index_test_bit(&bounds.marks, PAGE_INDEX_USED, A(64 * PAGE)));
+    lock(A(16 * PAGE), 48 * PAGE);
+    lock(A(64 * PAGE), 64 * PAGE);
+    /* A lock of the first page, held inside its real call, ... */
+    struct lock_job holder = {A(0), PAGE, gated_call()};
+    pthread_t holder_thread, unmap_thread;
+    pthread_create(&holder_thread, NULL, lock_job_main, &holder);
+    wait_inside_gate();
+    /* ... makes the munmap of the first mapping wait. */
+    struct unmap_job unmapper = {A(0), A(64 * PAGE), false};
+    pthread_create(&unmap_thread, NULL, unmap_job_main, &unmapper);
+    usleep(20000);
+    cr_assert_not(__atomic_load_n(&unmapper.done, __ATOMIC_ACQUIRE));
+    cr_assert(mapping_bounds_split_at(&bounds, A(64 * PAGE)),
+              "a munmap waiting for its pages dropped their bounds");
+    unlock(A(80 * PAGE), A(96 * PAGE), RELEASE_MUNLOCK);
+    uintptr_t apart[] = {A(16 * PAGE), A(64 * PAGE), A(64 * PAGE),
+                         A(80 * PAGE), A(96 * PAGE), A(128 * PAGE)};
+    expect_ranges(apart, 3);
+    open_gate();
+    pthread_join(holder_thread, NULL);
+    pthread_join(unmap_thread, NULL);
+    uintptr_t left[] = {A(64 * PAGE), A(80 * PAGE), A(96 * PAGE), A(128 * PAGE)};
+    expect_ranges(left, 2);
+    cr_assert_not(mapping_bounds_split_at(&bounds, A(64 * PAGE)), "the first mapping's end stayed");
+    cr_assert_not(mapping_bounds_split_at(&bounds, A(0)), "the first mapping's start stayed");
+    mapping_bounds_destroy(&bounds);
+}
+
+/* A munmap that fails unmapped nothing: the bounds stay, and so do the
+ * registrations, each mapping's apart. */
+Test(engine, a_failed_munmap_keeps_the_bounds)
+{
+    engine_set_mapping_bounds(&engine, &bounds);
+    mapping_bounds_note_mapped(&bounds, A(0), A(16 * PAGE));
+    mapping_bounds_note_mapped(&bounds, A(16 * PAGE), A(32 * PAGE));
+    lock(A(0), 32 * PAGE);
+    struct scripted refused = {-1, ENOMEM, NULL, NULL, NULL, NULL};
+    struct engine_call call = {run_scripted, &refused, "test"};
+    errno = 0;
+    cr_assert_eq(engine_unlock(&engine, A(0), A(16 * PAGE), RELEASE_MUNMAP,
+                               ENGINE_FAILED_CHANGED_NOTHING, &call),
+                 -1);
+    cr_assert_eq(errno, ENOMEM);
+    cr_assert(mapping_bounds_split_at(&bounds, A(16 * PAGE)));
+    uintptr_t apart[] = {A(0), A(16 * PAGE), A(16 * PAGE), A(32 * PAGE)};
+    expect_ranges(apart, 2);
+    unlock(A(0), A(16 * PAGE), RELEASE_MUNMAP);
+    cr_assert(mapping_bounds_split_at(&bounds, A(16 * PAGE)), "the second mapping's start went");
+    cr_assert_not(mapping_bounds_split_at(&bounds, A(0)));
+    uintptr_t left[] = {A(16 * PAGE), A(32 * PAGE)};
+    expect_ranges(left, 1);
     mapping_bounds_destroy(&bounds);
 }
 

@@ -120,6 +120,35 @@ Test(mapping_bounds, a_mapping_in_the_range_a_move_freed_keeps_its_bounds)
     expect_splits(98, 110, moved, 2);
 }
 
+/* munmap of tracked pages, with the marks' lock held around the call: the
+ * marks the range owned go when it succeeded, and only then; a mapping
+ * another thread places in the freed range keeps its marks. */
+Test(mapping_bounds, an_unmapping_clears_its_bounds_with_the_call)
+{
+    mapping_bounds_note_mapped(&bounds, A(0), A(8));
+    mapping_bounds_note_mapped(&bounds, A(8), A(16));
+    struct mapping_bounds_unmap token;
+    mapping_bounds_unmap_begin(&bounds, &token, A(0), A(8));
+    mapping_bounds_unmap_end(&bounds, &token, false); /* the call failed */
+    uintptr_t all[] = {0, 8, 16};
+    expect_splits(0, 18, all, 3);
+    mapping_bounds_unmap_begin(&bounds, &token, A(0), A(8));
+    /* The kernel unmapped it; another thread's mmap lands at A(0) and notes
+     * it while the unmapping still holds the lock. */
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, map_at_zero, NULL), 0);
+    mapping_bounds_unmap_end(&bounds, &token, true);
+    pthread_join(thread, NULL);
+    uintptr_t kept[] = {0, 4, 8, 16};
+    expect_splits(0, 18, kept, 4);
+    /* Without the other thread's: the second mapping's start stays. */
+    mapping_bounds_unmap_begin(&bounds, &token, A(0), A(4));
+    mapping_bounds_unmap_end(&bounds, &token, true);
+    uintptr_t left[] = {8, 16};
+    expect_splits(0, 18, left, 2);
+    cr_assert_eq(__atomic_load_n(&bounds.lock, __ATOMIC_RELAXED), 0);
+}
+
 /* A move of several mappings at once (Linux 6.17): the bounds inside come
  * along, at the same offsets. */
 Test(mapping_bounds, a_move_of_several_mappings_keeps_the_bounds_inside)
