@@ -123,7 +123,7 @@
  * munlock-keeps, mremap-tail-unregistered, adjacent-locks-apart: two locks
  * that meet in one mapping as two registrations): model a rule wrongly, to
  * see the checks fail. --trace: print every op with its outcome and the
- * objects.
+ * objects (with --threads, every thread's, naming the thread).
  * It turns address-space randomisation off (re-executing itself) so that a
  * seed or a recorded sequence replays exactly; MODEL_RANDOM_KEEP_ASLR=1 keeps it.
  * Exit status: 0 agreement, 1 disagreement (model vs runtime or kernel), 2
@@ -949,10 +949,12 @@ static void marks_clear(uintptr_t from, uintptr_t to, uint8_t kinds)
 
 /* The marks change as the shim's do (mapping_bounds.c), under marks_mutex,
  * in the order of the kernel's own changes to the address space: an unmap
- * before the call (as the shim notes it: a mapping placed there once it
- * returns keeps its marks), a new mapping after it, and an mremap with the
- * mutex held across the call (a thread that maps what the call freed notes
- * its marks after the call's). */
+ * before the call (the shim notes it so where no page of it is tracked, and
+ * else with the call, its lock held across it, once its operation holds the
+ * pages: either way a mapping placed there once it returns keeps its
+ * marks), a new mapping after it, and an mremap with the mutex held across
+ * the call (a thread that maps what the call freed notes its marks after
+ * the call's). */
 
 /* A new mapping covers [start, end): mapping_bounds_note_mapped. */
 static void bounds_mapped_locked(uintptr_t start, uintptr_t end)
@@ -4074,22 +4076,42 @@ static void count_result(struct context *context, const struct op *op, enum exec
 
 enum step_verdict { STEP_OK, STEP_DISAGREE, STEP_HARNESS };
 
+/* --trace: the op, its outcome and the context's live objects (slot, heap
+ * or mapping, first address, pages), one line as it ends; with threads the
+ * line names the thread, and the lines of threads interleave as their ops
+ * end (how a failure's registration came to span two threads' objects was
+ * read from these). */
+static void trace_op(const struct context *context, const struct op *op, size_t index,
+                     enum exec_result result)
+{
+    static const char *const outcome[] = {"done", "failed", "skipped", "harness error"};
+    char line[256], live[4096];
+    size_t used = 0;
+    live[0] = '\0';
+    format_op(op, line, sizeof(line));
+    for (int slot = context->slot_first; slot < context->slot_end; slot++) {
+        if (!objects[slot].live || used >= sizeof(live))
+            continue;
+        int written = snprintf(live + used, sizeof(live) - used, " %d:%s+%lx/%zu", slot,
+                               objects[slot].kind == OBJECT_HEAP ? "h" : "m",
+                               (unsigned long)objects[slot].start, objects[slot].pages);
+        used += written > 0 ? (size_t)written : 0;
+    }
+    pthread_mutex_lock(&output_mutex);
+    if (context->index >= 0)
+        printf("trace T%d %zu %s -> %s;%s\n", context->index, index, line, outcome[result], live);
+    else
+        printf("trace %zu %s -> %s;%s\n", index, line, outcome[result], live);
+    pthread_mutex_unlock(&output_mutex);
+}
+
 /* Executes one op of a whole-process run and checks everything after it. */
 static enum step_verdict step(struct context *context, const struct op *op, size_t index)
 {
     enum exec_result result = execute(context, op, index);
     count_result(context, op, result);
-    if (settings.trace) {
-        static const char *const outcome[] = {"done", "failed", "skipped", "harness error"};
-        char line[256];
-        format_op(op, line, sizeof(line));
-        printf("trace %zu %s -> %s;", index, line, outcome[result]);
-        for (int slot = context->slot_first; slot < context->slot_end; slot++)
-            if (objects[slot].live)
-                printf(" %d:%s+%lx/%zu", slot, objects[slot].kind == OBJECT_HEAP ? "h" : "m",
-                       (unsigned long)(objects[slot].start & 0xffffff), objects[slot].pages);
-        printf("\n");
-    }
+    if (settings.trace)
+        trace_op(context, op, index, result);
     if (result == EXEC_HARNESS_ERROR)
         return STEP_HARNESS;
     reclaim_leftovers(context);
@@ -5085,6 +5107,8 @@ static void *thread_main(void *argument)
             bool shared = settings.share && releases_shared_registration(context, &op);
             enum exec_result result = execute(context, &op, index);
             count_result(context, &op, result);
+            if (settings.trace)
+                trace_op(context, &op, index, result);
             if (result == EXEC_HARNESS_ERROR)
                 thread_failure(context, STEP_HARNESS, index);
             if (shared && result == EXEC_DONE)
