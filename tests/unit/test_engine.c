@@ -342,6 +342,17 @@ static void free_block(uintptr_t start, uintptr_t end)
     engine_release_block(&engine, start, end, RELEASE_FREE, false, &succeeds);
 }
 
+/* An unlock whose real call fails with error: it returns -1 with that errno. */
+static void unlock_fails(uintptr_t start, uintptr_t end, enum release_reason reason,
+                         enum engine_failure_rule rule, int error)
+{
+    struct scripted fails = {.result = -1, .error = error};
+    struct engine_call call = {run_scripted, &fails, "test"};
+    errno = 0;
+    cr_assert_eq(engine_unlock(&engine, start, end, reason, rule, &call), -1);
+    cr_assert_eq(errno, error);
+}
+
 /* The mock's ranges, sorted, must equal the expected [start, end) pairs. */
 static int compare_ranges(const void *a, const void *b)
 {
@@ -614,13 +625,7 @@ Test(engine, failed_unlock_restores_what_stays_locked)
 {
     lock(A(0), 64 * PAGE);
     mock.unmapped_from = A(16 * PAGE); /* page 16 is the first not mapped */
-    struct scripted fails = {.result = -1, .error = ENOMEM};
-    struct engine_call call = {run_scripted, &fails, "test"};
-    errno = 0;
-    cr_assert_eq(engine_unlock(&engine, A(0), A(64 * PAGE), RELEASE_MUNLOCK,
-                               ENGINE_FAILED_UNLOCKED_TO_HOLE, &call),
-                 -1);
-    cr_assert_eq(errno, ENOMEM);
+    unlock_fails(A(0), A(64 * PAGE), RELEASE_MUNLOCK, ENGINE_FAILED_UNLOCKED_TO_HOLE, ENOMEM);
     uintptr_t expected[] = {A(16 * PAGE), A(64 * PAGE)};
     expect_ranges(expected, 1);
 }
@@ -628,10 +633,7 @@ Test(engine, failed_unlock_restores_what_stays_locked)
 Test(engine, failed_munmap_restores_everything)
 {
     lock(A(0), 64 * PAGE);
-    struct scripted fails = {.result = -1, .error = EINVAL};
-    struct engine_call call = {run_scripted, &fails, "test"};
-    engine_unlock(&engine, A(8 * PAGE), A(24 * PAGE), RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING,
-                  &call);
+    unlock_fails(A(8 * PAGE), A(24 * PAGE), RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING, EINVAL);
     uintptr_t expected[] = {A(0), A(64 * PAGE)};
     expect_ranges(expected, 1);
 }
@@ -792,12 +794,13 @@ static void open_gate(void)
 struct unlock_job {
     uintptr_t start, end;
     bool done;
+    enum release_reason reason;
 };
 
 static void *unlock_job_main(void *argument)
 {
     struct unlock_job *job = argument;
-    unlock(job->start, job->end, RELEASE_MUNLOCK);
+    unlock(job->start, job->end, job->reason);
     __atomic_store_n(&job->done, true, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -825,7 +828,7 @@ Test(engine, lock_and_unlock_sharing_a_page_are_serialised, .timeout = 30)
     pthread_t lock_thread, unlock_thread;
     pthread_create(&lock_thread, NULL, lock_job_main, &locker);
     wait_inside_gate(); /* the lock's real call is running */
-    struct unlock_job unlocker = {A(16 * PAGE), A(32 * PAGE), false};
+    struct unlock_job unlocker = {A(16 * PAGE), A(32 * PAGE), false, RELEASE_MUNLOCK};
     pthread_create(&unlock_thread, NULL, unlock_job_main, &unlocker);
     usleep(20000);
     cr_assert_not(__atomic_load_n(&unlocker.done, __ATOMIC_ACQUIRE),
@@ -861,7 +864,7 @@ Test(engine, an_operation_waits_while_every_claim_slot_is_taken, .timeout = 60)
     while (claims_taken_now() < ENGINE_CLAIMS)
         usleep(1000);
     struct unlock_job extra = {A(ENGINE_CLAIMS * 32 * PAGE), A(ENGINE_CLAIMS * 32 * PAGE + PAGE),
-                               false};
+                               false, RELEASE_MUNLOCK};
     pthread_t extra_thread;
     pthread_create(&extra_thread, NULL, unlock_job_main, &extra);
     usleep(20000);
@@ -910,8 +913,8 @@ static void *watch_main(void *argument)
 Test(engine, remainder_stays_visible_while_a_release_is_in_flight, .timeout = 30)
 {
     lock(A(0), 1024 * PAGE);
-    struct unlock_job first = {A(0), A(512 * PAGE), false};
-    struct unlock_job second = {A(512 * PAGE), A(1024 * PAGE), false};
+    struct unlock_job first = {A(0), A(512 * PAGE), false, RELEASE_MUNLOCK};
+    struct unlock_job second = {A(512 * PAGE), A(1024 * PAGE), false, RELEASE_MUNLOCK};
     /* Until the second release unregisters it, the second half is registered
      * or being registered again: it must never look unregistered. */
     struct overlap_watch watch = {A(512 * PAGE), A(1024 * PAGE), 2, false};
@@ -960,7 +963,8 @@ Test(engine, a_cancelled_thread_does_not_leave_the_engine_locked, .timeout = 30)
     pthread_t holder_thread, victim;
     pthread_create(&holder_thread, NULL, lock_job_main, &holder);
     wait_inside_gate();
-    struct unlock_job job = {A(60 * PAGE), A(66 * PAGE), false}; /* waits for the holder */
+    struct unlock_job job = {A(60 * PAGE), A(66 * PAGE), false,
+                             RELEASE_MUNLOCK}; /* waits for the holder */
     pthread_create(&victim, NULL, cancelled_unlock_main, &job);
     usleep(20000);
     pthread_cancel(victim);
@@ -1377,30 +1381,23 @@ Test(engine, side_by_side_mappings_are_apart_and_released_alone)
     mapping_bounds_destroy(&bounds);
 }
 
-/* One lock over two mappings side by side: two runs, two registrations
- * (the model found one: a record spanned the bound). */
-Test(engine, one_lock_over_two_mappings_registers_each_apart)
+/* Two mappings of 16 pages side by side, locked in one call. */
+static void lock_over_two_mappings(void)
 {
     engine_set_mapping_bounds(&engine, &bounds);
     mapping_bounds_note_mapped(&bounds, A(0), A(16 * PAGE));
     mapping_bounds_note_mapped(&bounds, A(16 * PAGE), A(32 * PAGE));
     lock(A(0), 32 * PAGE);
+}
+
+/* One lock over two mappings side by side: two runs, two registrations
+ * (the model found one: a record spanned the bound). */
+Test(engine, one_lock_over_two_mappings_registers_each_apart)
+{
+    lock_over_two_mappings();
     uintptr_t apart[] = {A(0), A(16 * PAGE), A(16 * PAGE), A(32 * PAGE)};
     expect_ranges(apart, 2);
     mapping_bounds_destroy(&bounds);
-}
-
-struct unmap_job {
-    uintptr_t start, end;
-    bool done;
-};
-
-static void *unmap_job_main(void *argument)
-{
-    struct unmap_job *job = argument;
-    unlock(job->start, job->end, RELEASE_MUNMAP);
-    __atomic_store_n(&job->done, true, __ATOMIC_RELEASE);
-    return NULL;
 }
 
 /* A munmap that waits for pages another call holds keeps the bounds of
@@ -1426,8 +1423,8 @@ Test(engine, a_munmap_waiting_for_its_pages_keeps_their_bounds, .timeout = 30)
     pthread_create(&holder_thread, NULL, lock_job_main, &holder);
     wait_inside_gate();
     /* ... makes the munmap of the first mapping wait. */
-    struct unmap_job unmapper = {A(0), A(64 * PAGE), false};
-    pthread_create(&unmap_thread, NULL, unmap_job_main, &unmapper);
+    struct unlock_job unmapper = {A(0), A(64 * PAGE), false, RELEASE_MUNMAP};
+    pthread_create(&unmap_thread, NULL, unlock_job_main, &unmapper);
     usleep(20000);
     cr_assert_not(__atomic_load_n(&unmapper.done, __ATOMIC_ACQUIRE));
     cr_assert(mapping_bounds_split_at(&bounds, A(64 * PAGE)),
@@ -1450,17 +1447,8 @@ Test(engine, a_munmap_waiting_for_its_pages_keeps_their_bounds, .timeout = 30)
  * registrations, each mapping's apart. */
 Test(engine, a_failed_munmap_keeps_the_bounds)
 {
-    engine_set_mapping_bounds(&engine, &bounds);
-    mapping_bounds_note_mapped(&bounds, A(0), A(16 * PAGE));
-    mapping_bounds_note_mapped(&bounds, A(16 * PAGE), A(32 * PAGE));
-    lock(A(0), 32 * PAGE);
-    struct scripted refused = {-1, ENOMEM, NULL, NULL, NULL, NULL};
-    struct engine_call call = {run_scripted, &refused, "test"};
-    errno = 0;
-    cr_assert_eq(engine_unlock(&engine, A(0), A(16 * PAGE), RELEASE_MUNMAP,
-                               ENGINE_FAILED_CHANGED_NOTHING, &call),
-                 -1);
-    cr_assert_eq(errno, ENOMEM);
+    lock_over_two_mappings();
+    unlock_fails(A(0), A(16 * PAGE), RELEASE_MUNMAP, ENGINE_FAILED_CHANGED_NOTHING, ENOMEM);
     cr_assert(mapping_bounds_split_at(&bounds, A(16 * PAGE)));
     uintptr_t apart[] = {A(0), A(16 * PAGE), A(16 * PAGE), A(32 * PAGE)};
     expect_ranges(apart, 2);
