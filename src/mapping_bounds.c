@@ -48,17 +48,24 @@ static bool in_index(uintptr_t start, uintptr_t end)
     return start < end && end <= PAGE_INDEX_LIMIT;
 }
 
+/* [start, end) is one mapping, with the lock held: it starts and ends
+ * there (no end mark at the index's limit). */
+static void mark_mapping(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end)
+{
+    page_index_set_bit(&bounds->marks, STARTS, start);
+    if (end < PAGE_INDEX_LIMIT)
+        page_index_set_bit(&bounds->marks, ENDS, end);
+}
+
 void mapping_bounds_note_mapped(struct mapping_bounds *bounds, uintptr_t start, uintptr_t end)
 {
     if (bounds == NULL || !in_index(start, end))
         return;
     bounds_lock(bounds);
     if (bounds_ready(bounds)) {
-        page_index_clear_map(&bounds->marks, STARTS, start + PAGE_INDEX_GRANULE, end);
-        page_index_clear_map(&bounds->marks, ENDS, start + PAGE_INDEX_GRANULE, end);
-        page_index_set_bit(&bounds->marks, STARTS, start);
-        if (end < PAGE_INDEX_LIMIT)
-            page_index_set_bit(&bounds->marks, ENDS, end);
+        /* Both maps (page_index_clear): no bound inside it. */
+        page_index_clear(&bounds->marks, start + PAGE_INDEX_GRANULE, end);
+        mark_mapping(bounds, start, end);
     }
     bounds_unlock(bounds);
 }
@@ -152,8 +159,7 @@ void mapping_bounds_remap_end(struct mapping_bounds *bounds,
     if (moved_or_new) {
         /* A mapping of its own at the new place, with the bounds inside the
          * old range (a move of several mappings) at the same offsets. */
-        page_index_clear_map(&bounds->marks, STARTS, new_start + PAGE_INDEX_GRANULE, new_end);
-        page_index_clear_map(&bounds->marks, ENDS, new_start + PAGE_INDEX_GRANULE, new_end);
+        page_index_clear(&bounds->marks, new_start + PAGE_INDEX_GRANULE, new_end);
         if (old_end > old_start) {
             uintptr_t copied_end = old_start + (new_end - new_start) < old_end
                                        ? old_start + (new_end - new_start)
@@ -161,37 +167,25 @@ void mapping_bounds_remap_end(struct mapping_bounds *bounds,
             copy_inside(bounds, STARTS, old_start, copied_end, new_start);
             copy_inside(bounds, ENDS, old_start, copied_end, new_start);
         }
-        page_index_set_bit(&bounds->marks, STARTS, new_start);
-        if (new_end < PAGE_INDEX_LIMIT)
-            page_index_set_bit(&bounds->marks, ENDS, new_end);
+        mark_mapping(bounds, new_start, new_end);
         if (old_end > old_start && !(flags & MREMAP_DONTUNMAP)) {
-            /* The old range is unmapped: the marks it owned go. */
-            page_index_clear_map(&bounds->marks, STARTS, old_start, old_end);
-            page_index_clear_map(&bounds->marks, ENDS, old_start + PAGE_INDEX_GRANULE,
-                                 old_end < PAGE_INDEX_LIMIT ? old_end + PAGE_INDEX_GRANULE
-                                                            : old_end);
-            /* ... but for the new place's own, where the two overlap. */
-            if (new_start < old_end && old_start < new_end) {
-                page_index_set_bit(&bounds->marks, STARTS, new_start);
-                if (new_end < PAGE_INDEX_LIMIT)
-                    page_index_set_bit(&bounds->marks, ENDS, new_end);
-            }
+            /* The old range is unmapped: the marks it owned go, but for the
+             * new place's own, where the two overlap. */
+            clear_unmapped(bounds, old_start, old_end);
+            if (new_start < old_end && old_start < new_end)
+                mark_mapping(bounds, new_start, new_end);
         }
     } else {
         /* In place. Shrunk: the pages given back are unmapped (the marks
          * they owned go), and the mapping ends at its new end. Grown (only
-         * a mapping's last part grows): the pages gained are its own, and
-         * it ends at its new end. The same size changes nothing; the bounds
-         * before the old end stay. */
+         * a mapping's last part grows): the pages gained are its own (no
+         * bound from the old end on), and it ends at its new end. The same
+         * size changes nothing; the bounds before the old end stay. */
         if (new_end < old_end) {
-            page_index_clear_map(&bounds->marks, STARTS, new_end, old_end);
-            page_index_clear_map(&bounds->marks, ENDS, new_end + PAGE_INDEX_GRANULE,
-                                 old_end < PAGE_INDEX_LIMIT ? old_end + PAGE_INDEX_GRANULE
-                                                            : old_end);
+            clear_unmapped(bounds, new_end, old_end);
             page_index_set_bit(&bounds->marks, ENDS, new_end);
         } else if (new_end > old_end) {
-            page_index_clear_map(&bounds->marks, STARTS, old_end, new_end);
-            page_index_clear_map(&bounds->marks, ENDS, old_end, new_end);
+            page_index_clear(&bounds->marks, old_end, new_end);
             if (new_end < PAGE_INDEX_LIMIT)
                 page_index_set_bit(&bounds->marks, ENDS, new_end);
         }
