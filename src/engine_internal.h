@@ -168,6 +168,9 @@ void engine_set_state_locked(struct engine *engine, struct range_record *record,
 struct range_record *engine_insert_record_locked(struct engine *engine,
                                                  const struct range_record *record);
 void engine_remove_record_locked(struct engine *engine, uintptr_t base);
+/* Removes the record at base and the lock bytes of its pages: untracked
+ * now, so no free reads them. */
+void engine_forget_record_locked(struct engine *engine, uintptr_t base);
 /* Splits the record at base so that one record covers exactly [start, end)
  * and returns it; NULL when out of memory (nothing changed). */
 struct range_record *engine_isolate_locked(struct engine *engine, uintptr_t base, uintptr_t start,

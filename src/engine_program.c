@@ -290,10 +290,9 @@ long engine_program_unregister(struct engine *engine, uintptr_t start,
                 next->program_end != program.program_end)
                 continue;
             bool locked = next->program_locked;
-            engine_remove_record_locked(engine, base);
             /* Its bytes leave the danger the free rule reads; pages still
              * locked come back as a lock's, whole. */
-            engine_lock_bytes_remove_locked(engine, base, end);
+            engine_forget_record_locked(engine, base);
             if (!locked)
                 continue;
             if (!place_chosen) {

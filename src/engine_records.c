@@ -370,6 +370,16 @@ void engine_remove_record_locked(struct engine *engine, uintptr_t base)
     publish_record_count(engine);
 }
 
+void engine_forget_record_locked(struct engine *engine, uintptr_t base)
+{
+    struct range_record *record = range_registry_find(&engine->registry, base);
+    if (record == NULL)
+        return;
+    uintptr_t end = record->end;
+    engine_remove_record_locked(engine, base);
+    engine_lock_bytes_remove_locked(engine, base, end);
+}
+
 /* Splits the record at base so that one record covers exactly [start, end)
  * (inside it) and returns that record, or NULL when out of memory (nothing
  * changed). The pieces outside keep the record's fields; their pages stay

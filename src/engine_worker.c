@@ -62,9 +62,7 @@ static enum engine_choice place_pending_locked(struct engine *engine)
                 engine_account_state_locked(engine, record, 1);
             } else if (last == ENGINE_PLACE_DISABLED) {
                 engine_stats(engine)->dropped_pending++;
-                uintptr_t end = record->end;
-                engine_remove_record_locked(engine, entry->base);
-                engine_lock_bytes_remove_locked(engine, entry->base, end); /* untracked now */
+                engine_forget_record_locked(engine, entry->base);
             } else {
                 /* Still waiting: back on the list (the entry is reused). */
                 entry->next = NULL;
