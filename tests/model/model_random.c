@@ -999,8 +999,7 @@ static void bounds_resized_locked(uintptr_t old_end, uintptr_t new_end)
     if (old_end == new_end)
         return;
     if (new_end < old_end) {
-        marks_clear(new_end, old_end, MARK_START);
-        marks_clear(new_end + page_size, old_end + page_size, MARK_END);
+        bounds_unmapped_locked(new_end, old_end);
     } else {
         marks_clear(old_end, new_end, MARK_START);
         marks_clear(old_end, new_end + page_size, MARK_END);
@@ -1059,15 +1058,26 @@ static uint8_t next_lock_origin(void)
 
 /* ---- Pages ---- */
 
+/* The part of a live object inside [start, end): [*from, *to); false when it
+ * holds none of it. */
+static bool object_part(const struct object *object, uintptr_t start, uintptr_t end,
+                        uintptr_t *from, uintptr_t *to)
+{
+    if (!object->live || object->start >= end || object_end(object) <= start)
+        return false;
+    *from = start > object->start ? start : object->start;
+    *to = end < object_end(object) ? end : object_end(object);
+    return true;
+}
+
 /* Sets the kernel lock state of the model pages in [start, end). */
 static void model_set_klock(struct context *context, uintptr_t start, uintptr_t end, int klock)
 {
     for (int slot = context->slot_first; slot < context->slot_end; slot++) {
         struct object *object = &objects[slot];
-        if (!object->live || object->start >= end || object_end(object) <= start)
+        uintptr_t from, to;
+        if (!object_part(object, start, end, &from, &to))
             continue;
-        uintptr_t from = start > object->start ? start : object->start;
-        uintptr_t to = end < object_end(object) ? end : object_end(object);
         for (size_t page = (from - object->start) / page_size;
              page < (to - object->start) / page_size; page++)
             object->klock[page] = (uint8_t)klock;
@@ -1080,10 +1090,9 @@ static void model_release(struct context *context, uintptr_t start, uintptr_t en
 {
     for (int slot = context->slot_first; slot < context->slot_end; slot++) {
         struct object *object = &objects[slot];
-        if (!object->live || object->start >= end || object_end(object) <= start)
+        uintptr_t from, to;
+        if (!object_part(object, start, end, &from, &to))
             continue;
-        uintptr_t from = start > object->start ? start : object->start;
-        uintptr_t to = end < object_end(object) ? end : object_end(object);
         for (size_t page = (from - object->start) / page_size;
              page < (to - object->start) / page_size; page++) {
             if (klock != KEEP)
@@ -1104,10 +1113,9 @@ static void model_lock(struct context *context, uintptr_t start, uintptr_t end,
     uint8_t origin = next_lock_origin();
     for (int slot = context->slot_first; slot < context->slot_end; slot++) {
         struct object *object = &objects[slot];
-        if (!object->live || object->start >= end || object_end(object) <= start)
+        uintptr_t from, to;
+        if (!object_part(object, start, end, &from, &to))
             continue;
-        uintptr_t from = start > object->start ? start : object->start;
-        uintptr_t to = end < object_end(object) ? end : object_end(object);
         for (size_t page = (from - object->start) / page_size;
              page < (to - object->start) / page_size; page++) {
             object->klock[page] = KLOCK_YES;
