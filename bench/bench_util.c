@@ -1,5 +1,6 @@
 #include "bench_util.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -337,4 +338,17 @@ FILE *bench_json_open(const char *path, const char *name)
     fprintf(out, ", \"host\": ");
     bench_json_string(out, host);
     return out;
+}
+
+void *bench_open_cudart(const char *explicit_path)
+{
+    if (explicit_path != NULL)
+        return dlopen(explicit_path, RTLD_NOW | RTLD_LOCAL);
+    static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        void *handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (handle != NULL)
+            return handle;
+    }
+    return NULL;
 }

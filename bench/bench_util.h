@@ -53,6 +53,11 @@ const char *bench_self_path(void);
 const char *bench_find_library(const char *explicit_path, const char *compiled_default,
                                const char *relative_to_self);
 
+/* The CUDA runtime, opened RTLD_LOCAL for dlsym: explicit_path when given,
+ * else the first of libcudart.so.13, .12 and libcudart.so the loader finds;
+ * NULL when none loads (dlerror says why). */
+void *bench_open_cudart(const char *explicit_path);
+
 /* The number after "key": inside the JSON object that follows "section":
  * in text (the shim's stats layout: one level of nesting). */
 bool bench_json_number(const char *text, const char *section, const char *key, double *out);

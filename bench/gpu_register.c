@@ -112,19 +112,6 @@ static const char *rt_name(cudaError_t error)
     return rt.error_name != NULL ? rt.error_name(error) : "cudaError?";
 }
 
-static void *open_runtime(const char *explicit_path)
-{
-    if (explicit_path != NULL)
-        return dlopen(explicit_path, RTLD_NOW | RTLD_LOCAL);
-    static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        void *handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (handle != NULL)
-            return handle;
-    }
-    return NULL;
-}
-
 /* The driver the runtime loaded (by its soname), else the one named. */
 static void *open_driver(const char *explicit_path)
 {
@@ -140,7 +127,7 @@ static void *open_driver(const char *explicit_path)
 /* 0 when ready, 2 when there is no usable GPU (a SKIP line says why). */
 static int setup_cuda(const char *cudart_path, const char *driver_path)
 {
-    void *runtime = open_runtime(cudart_path);
+    void *runtime = bench_open_cudart(cudart_path);
     if (runtime == NULL) {
         printf("SKIP no CUDA runtime (%s)\n", dlerror());
         return 2;

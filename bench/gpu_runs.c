@@ -99,23 +99,10 @@ static const char *error_name(cudaError_t error)
     return name != NULL ? name : "cudaError?";
 }
 
-static void *open_runtime(const char *explicit_path)
-{
-    if (explicit_path != NULL)
-        return dlopen(explicit_path, RTLD_NOW | RTLD_LOCAL);
-    static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        void *handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (handle != NULL)
-            return handle;
-    }
-    return NULL;
-}
-
 /* 0 when ready, 2 when there is no usable GPU (a SKIP line says why). */
 static int setup_runtime(const char *path)
 {
-    void *runtime = open_runtime(path);
+    void *runtime = bench_open_cudart(path);
     if (runtime == NULL) {
         printf("SKIP gpu_runs: no CUDA runtime (%s)\n", dlerror());
         return 2;
