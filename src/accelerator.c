@@ -142,9 +142,16 @@ enum engine_choice accelerator_choose_place(void *context, bool from_worker,
     if (vendor != NULL)
         return vendor->choose_place(from_worker, hint, place);
     /* Program mode, no vendor yet: the first whose runtime the program has
-     * started, asked without starting any. */
+     * started, asked without starting any; the watcher also looks for
+     * starts no definition of the shim's saw. */
     for (size_t i = 0; i < candidate_count; i++) {
-        if (candidates[i]->state() != VENDOR_STARTED)
+        enum vendor_state now = candidates[i]->state();
+        if (now == VENDOR_NOT_STARTED && from_worker && !fork_child &&
+            candidates[i]->look_for_start != NULL) {
+            candidates[i]->look_for_start();
+            now = candidates[i]->state();
+        }
+        if (now != VENDOR_STARTED)
             continue;
         enum engine_choice choice = candidates[i]->choose_place(from_worker, hint, place);
         if (choice != ENGINE_PLACE_READY)
@@ -258,8 +265,10 @@ bool accelerator_runtime_loaded(void)
 
 void accelerator_before_fork(void)
 {
-    const struct vendor *vendor = accelerator_vendor();
-    parent_started = parent_started || (vendor != NULL && vendor->seen_started());
+    /* Every vendor's: a runtime the program started is unusable in the
+     * child, also one no registration had chosen yet. */
+    for (size_t i = 0; i < VENDOR_COUNT; i++)
+        parent_started = parent_started || all_vendors[i]->seen_started();
 }
 
 void accelerator_after_fork_child(void)

@@ -86,6 +86,13 @@ struct vendor {
      * seen: asked in a fork handler, where calling the runtime could wait
      * for a lock its own fork handler holds. */
     bool (*seen_started)(void);
+    /* Optional: looks, where that is safe, for a start of the runtime the
+     * vendor could not see happen (a call that bypassed the shim's
+     * definitions), and notes its outcome for state(). Called in program mode
+     * on the engine's watcher thread only, which holds no pages and no lock
+     * while it waits: the question may wait for a start another thread is
+     * still making. Never in a fork child. */
+    void (*look_for_start)(void);
     /* In a fork child: locks a parent's thread held are free again. */
     void (*after_fork_child)(void);
     /* The process is exiting: the program's libraries' destructors have run

@@ -21,12 +21,26 @@
  * DeepSpeed's XPU path, uses: the shim and such a program then speak of the
  * same registrations.
  *
- * Never starting Level Zero for the program: before zeInit (or
- * zeInitDrivers) zeDriverGet answers ZE_RESULT_ERROR_UNINITIALIZED (the
- * loader's other entry points dereference a NULL table there from 1.15.7,
- * and 1.15.7's zeDriverGet does too): it is the question asked, except of
- * loader 1.15.7, where only the program's zeInit, seen by the shim's
- * definition of it (ze_interpose.c), tells. The import has traps the backend avoids:
+ * Never starting Level Zero for the program, and never calling it after a
+ * start that failed: no driver entry point is safe to ask before a
+ * successful start. Before zeInit, loaders from 1.15.7 dereference a NULL
+ * table (1.15.7's zeDriverGet too); after a zeInit that failed (the driver
+ * found no device), loaders up to 1.17.28 have unloaded the driver and keep
+ * its table, so zeDriverGet jumps into unmapped code (Debian 12's 1.8.12
+ * with Intel's driver: SIGSEGV), and later loaders with Intel's drivers
+ * before 23.48 answer one driver whose handle is NULL, which crashes the
+ * driver's next call. So the backend knows the start's outcome two ways:
+ * the program's zeInit, seen by the shim's definition of it
+ * (ze_interpose.c); and, for callers that bypass that definition (SYCL's
+ * adapter links its own loader front end, which reaches the loader through
+ * dlsym), zelLoaderGetVersions, which starts nothing and counts no component
+ * until a zeInit has loaded a driver, then the backend's own zeInit, which
+ * the loader answers once per process (call_once) with the first call's
+ * result and does not pass to a driver whose start failed. That second way
+ * runs on the engine's watcher thread only, which holds no pages while it
+ * waits for a zeInit another thread may still be running, and never in a
+ * fork child: the driver starts again in a new process. A start that failed
+ * is final: the backend calls nothing more. The import has traps the backend avoids:
  * an import wholly inside another succeeds without a reference count, and
  * releasing any pointer inside an import drops the whole import, so the
  * backend asks zexDriverGetHostPointerBaseAddress first and leaves memory
@@ -38,7 +52,6 @@
 #include "vendor.h"
 
 #include <dlfcn.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -64,6 +77,7 @@ static const char *const loader_sonames[] = {"libze_loader.so.1", "libze_loader.
 
 struct ze_api {
     int (*init)(unsigned flags);
+    int (*get_versions)(size_t *count, void *versions); /* zelLoaderGetVersions */
     int (*driver_get)(uint32_t *count, void **drivers);
     int (*extension_address)(void *driver, const char *name, void **function);
     int (*translate_handle)(int type, void *handle, void **translated);
@@ -81,8 +95,13 @@ enum driver_state { DRIVER_NOT_LOOKED = 0, DRIVER_READY, DRIVER_NONE };
 static int driver_state;
 static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
 static bool seen_started_flag, created, exiting;
-/* zeDriverGet may be asked before zeInit: not of loader 1.15.7. */
-static bool probe_safe = true;
+/* The start failed (the program's zeInit, or the loader's answer to the
+ * backend's own): no call from here on. */
+static bool start_failed;
+/* The watcher asked the loader for the start's outcome (once). */
+static bool start_asked;
+/* In a fork child: only the child's own zeInit starts Level Zero for it. */
+static bool fork_child;
 static char why_none[256];
 
 static void configure(const struct vendor_settings *given)
@@ -98,20 +117,12 @@ static bool resolve_loader_locked(void *handle)
     *(void **)&api.driver_get = dlsym(handle, "zeDriverGet");
     *(void **)&api.extension_address = dlsym(handle, "zeDriverGetExtensionFunctionAddress");
     *(void **)&api.translate_handle = dlsym(handle, "zelLoaderTranslateHandle");
-    if (api.driver_get == NULL || api.extension_address == NULL)
+    *(void **)&api.get_versions = dlsym(handle, "zelLoaderGetVersions");
+    if (api.init == NULL || api.driver_get == NULL || api.extension_address == NULL)
         return false;
     Dl_info info;
     if (dladdr((void *)api.driver_get, &info) && info.dli_fname != NULL)
         snprintf(api.path, sizeof(api.path), "%s", info.dli_fname);
-    /* The file's own name carries the loader's version (the soname links
-     * to libze_loader.so.1.X.Y). */
-    char real[PATH_MAX];
-    const char *version = realpath(api.path, real) != NULL ? strstr(real, ".so.") : NULL;
-    if (version != NULL && strcmp(version, ".so.1.15.7") == 0) {
-        probe_safe = false;
-        log_info("Level Zero loader 1.15.7 crashes on zeDriverGet before zeInit: the shim waits "
-                 "for the program's zeInit instead");
-    }
     ze = api;
     __atomic_store_n(&loader_found, true, __ATOMIC_RELEASE);
     return true;
@@ -181,29 +192,67 @@ static void look_for_driver_locked(void)
     driver_state = DRIVER_NONE;
 }
 
+/* Asks nothing of the loader: what the backend has seen of the start. */
 static enum vendor_state state(void)
 {
     if (!find_loaded())
         return VENDOR_ABSENT;
     if (__atomic_load_n(&exiting, __ATOMIC_RELAXED))
         return VENDOR_GONE;
-    if (!__atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED)) {
-        uint32_t count = 0;
-        if (!probe_safe || ze.driver_get(&count, NULL) != ZE_SUCCESS || count == 0)
-            return VENDOR_NOT_STARTED;
-        __atomic_store_n(&seen_started_flag, true, __ATOMIC_RELAXED);
-    }
-    return VENDOR_STARTED;
+    return __atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED) ? VENDOR_STARTED
+                                                                 : VENDOR_NOT_STARTED;
 }
 
 void ze_backend_note_started(void)
 {
+    __atomic_store_n(&start_failed, false, __ATOMIC_RELAXED);
     __atomic_store_n(&seen_started_flag, true, __ATOMIC_RELAXED);
+}
+
+void ze_backend_note_start_failed(int code)
+{
+    if (__atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED) ||
+        __atomic_exchange_n(&start_failed, true, __ATOMIC_RELAXED))
+        return;
+    log_info("Level Zero: zeInit failed (%#x): the shim calls Level Zero no more", (unsigned)code);
+}
+
+/* For a start the backend did not see (a caller that bypasses the shim's
+ * zeInit): whether one was made, from the loader's component count, then
+ * its outcome, from the loader's cached answer to zeInit. The watcher's
+ * question only (vendor.h; the top of the file says why). */
+static void look_for_start(void)
+{
+    if (__atomic_load_n(&start_failed, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&fork_child, __ATOMIC_RELAXED) || ze.get_versions == NULL)
+        return;
+    size_t components = 0;
+    if (ze.get_versions(&components, NULL) != ZE_SUCCESS || components == 0)
+        return; /* no zeInit yet */
+    if (__atomic_exchange_n(&start_asked, true, __ATOMIC_ACQ_REL))
+        return;
+    int result = ze.init(ZE_INIT_GPU_ONLY);
+    if (result == ZE_SUCCESS)
+        ze_backend_note_started();
+    else
+        ze_backend_note_start_failed(result);
+}
+
+/* Whether a zeInit ran before the fork (the loader's state is the
+ * parent's): a child that started again would get the parent's answer from
+ * the loader while the driver starts anew. Called with mutex held. */
+static bool started_before_fork_locked(void)
+{
+    size_t components = 0;
+    return ze.get_versions == NULL ||
+           (ze.get_versions(&components, NULL) == ZE_SUCCESS && components > 0);
 }
 
 static bool create(char *why, size_t why_size)
 {
     pthread_mutex_lock(&mutex);
+    if (!created && why_none[0] == '\0' && __atomic_load_n(&start_failed, __ATOMIC_RELAXED))
+        snprintf(why_none, sizeof(why_none), "the program's zeInit had failed");
     if (!created && why_none[0] == '\0') {
         void *handle = NULL;
         for (int i = 0; handle == NULL && loader_sonames[i] != NULL; i++)
@@ -214,7 +263,10 @@ static bool create(char *why, size_t why_size)
                      "loaded");
         else if (!loader_found && !resolve_loader_locked(handle))
             snprintf(why_none, sizeof(why_none), "libze_loader lacks zeDriverGet");
-        else if (ze.init == NULL || ze.init(ZE_INIT_GPU_ONLY) != ZE_SUCCESS)
+        else if (fork_child && started_before_fork_locked())
+            snprintf(why_none, sizeof(why_none),
+                     "a fork child: Level Zero was started before the fork");
+        else if (ze.init(ZE_INIT_GPU_ONLY) != ZE_SUCCESS)
             snprintf(why_none, sizeof(why_none), "zeInit found no GPU driver");
         else
             look_for_driver_locked();
@@ -357,10 +409,19 @@ static bool seen_started(void)
     return __atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED) || created;
 }
 
+/* A child calls no runtime it did not start itself: what the parent saw
+ * and found is forgotten, the driver's handle with it. */
 static void after_fork_child(void)
 {
     pthread_mutex_init(&mutex, NULL);
-    seen_started_flag = created = false;
+    seen_started_flag = created = start_failed = start_asked = false;
+    fork_child = true;
+    driver_state = DRIVER_NOT_LOOKED;
+    ze.import_pointer = NULL;
+    ze.release_pointer = NULL;
+    ze.base_address = NULL;
+    ze.driver = NULL;
+    why_none[0] = '\0';
 }
 
 /* The loader and the driver tear themselves down in their destructors,
@@ -391,6 +452,7 @@ const struct vendor ze_vendor = {
     .code_name = code_name,
     .call_name = call_name,
     .seen_started = seen_started,
+    .look_for_start = look_for_start,
     .after_fork_child = after_fork_child,
     .process_exiting = process_exiting,
     .describe = describe,

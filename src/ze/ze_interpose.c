@@ -11,8 +11,9 @@
  * that, the program's release of any pointer inside an import of the shim's
  * would drop the whole import, and the shim's later release would fail.
  *
- * It defines zeInit too, to see the program start Level Zero where asking
- * would crash the loader (1.15.7: ze_backend.h). Not zeInitDrivers: loaders
+ * It defines zeInit too, to see the program's start succeed or fail: no
+ * other question is safe before a start, nor after a failed one
+ * (ze_backend.c). Not zeInitDrivers: loaders
  * before 1.18 have none, and a definition of the shim's would tell a
  * program looking for it that they do; 1.15.7 is among them. */
 #include "accelerator.h"
@@ -167,6 +168,10 @@ PINSHIM_EXPORT int zeDriverGetExtensionFunctionAddress(void *driver, const char 
         __builtin_return_address(0), loader_sonames);
     if (next == NULL)
         return ZE_ERROR_UNINITIALIZED_CODE; /* no loader in the process */
+    /* A driver that knows no such function may answer success and write
+     * nothing (the loader's null driver does): then no function is given. */
+    if (function != NULL)
+        *function = NULL;
     int result = next(driver, name, function);
     bool import = name != NULL && strcmp(name, "zexDriverImportExternalPointer") == 0;
     bool release = name != NULL && strcmp(name, "zexDriverReleaseImportedPointer") == 0;
@@ -195,6 +200,8 @@ PINSHIM_EXPORT int zeInit(unsigned flags)
     if (result == ZE_SUCCESS_CODE) {
         ze_backend_note_started();
         runtime_notice_gpu();
+    } else {
+        ze_backend_note_start_failed(result);
     }
     return result;
 }

@@ -47,6 +47,14 @@ static bool import_enabled = true;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool initialized;
+/* FAKE_ZE_START=fail: the drivers are there but find no device. */
+static bool start_fails;
+/* FAKE_ZE_LOADER_KEEPS_DRIVERS=1: a loader from 1.17.39 over an Intel
+ * driver before 23.48 (else: a loader up to 1.17.28, the double's 1.17.0). */
+static bool keeps_failed_drivers;
+/* The first zeInit's answer, which the loader keeps (call_once). */
+static bool init_attempted;
+static ze_result_t init_result;
 
 static void load_config(void)
 {
@@ -57,6 +65,10 @@ static void load_config(void)
         driver_count = MAX_DRIVERS;
     const char *import = getenv("FAKE_ZE_IMPORT");
     import_enabled = import == NULL || strcmp(import, "0") != 0;
+    const char *start = getenv("FAKE_ZE_START");
+    start_fails = start != NULL && strcmp(start, "fail") == 0;
+    const char *keeps = getenv("FAKE_ZE_LOADER_KEEPS_DRIVERS");
+    keeps_failed_drivers = keeps != NULL && strcmp(keeps, "1") == 0;
     for (unsigned i = 0; i < MAX_DRIVERS; i++) {
         drivers[i] = (struct driver){DRIVER_MAGIC, i, i == 0};
         loader_drivers[i] = (struct loader_driver){LOADER_MAGIC, &drivers[i]};
@@ -76,6 +88,25 @@ static bool is_initialized(void)
     bool done = initialized;
     pthread_mutex_unlock(&init_lock);
     return done;
+}
+
+/* Whether a driver's start failed after the loader had loaded it. */
+static bool start_failed(void)
+{
+    pthread_mutex_lock(&init_lock);
+    bool failed = init_attempted && init_result != ZE_RESULT_SUCCESS && driver_count > 0;
+    pthread_mutex_unlock(&init_lock);
+    return failed;
+}
+
+/* An entry point reached through the loader's table after the drivers'
+ * start failed: loaders up to 1.17.28 unloaded the driver and kept its
+ * functions in the table (ze_loader.cpp check_drivers, FREE_DRIVER_LIBRARY;
+ * ze_lib.cpp fills the table first), so the call jumps into unmapped code. */
+static void after_failed_start(void)
+{
+    if (start_failed() && !keeps_failed_drivers)
+        raise(SIGSEGV);
 }
 
 /* The driver of a loader's handle, or NULL. */
@@ -98,22 +129,60 @@ static struct driver *driver_of_own_handle(const void *handle)
 
 /* ---- the loader ---- */
 
+/* The loader starts once (ze_libapi.cpp: std::call_once, a static result):
+ * every later zeInit, whatever its flags, gets the first one's answer and
+ * reaches no driver. */
 FAKE_EXPORT ze_result_t zeInit(ze_init_flags_t flags)
 {
     enter(FAKE_ZE_CALL_INIT, FAKE_CALLER());
     if (flags & ~(ze_init_flags_t)(ZE_INIT_FLAG_GPU_ONLY | ZE_INIT_FLAG_VPU_ONLY))
         return ZE_RESULT_ERROR_INVALID_ENUMERATION;
-    if (driver_count == 0)
-        return ZE_RESULT_ERROR_UNINITIALIZED;
     pthread_mutex_lock(&init_lock);
-    initialized = true;
+    if (!init_attempted) {
+        init_attempted = true;
+        init_result =
+            driver_count == 0 || start_fails ? ZE_RESULT_ERROR_UNINITIALIZED : ZE_RESULT_SUCCESS;
+        initialized = init_result == ZE_RESULT_SUCCESS;
+    }
+    ze_result_t result = init_result;
     pthread_mutex_unlock(&init_lock);
+    return result;
+}
+
+/* The loader's components once a zeInit has loaded a driver (1.8.12: none
+ * before, none when no driver library is found): asks no driver. */
+FAKE_EXPORT ze_result_t zelLoaderGetVersions(size_t *count, zel_component_version_t *versions)
+{
+    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    if (count == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    pthread_mutex_lock(&init_lock);
+    size_t components = init_attempted && driver_count > 0 ? 1 : 0;
+    pthread_mutex_unlock(&init_lock);
+    if (versions != NULL && *count > 0 && components > 0) {
+        memset(&versions[0], 0, sizeof(versions[0]));
+        strcpy(versions[0].component_name, "loader");
+        versions[0].component_lib_version = (zel_version_t){1, 17, 0};
+    }
+    if (versions == NULL || *count > components)
+        *count = components;
     return ZE_RESULT_SUCCESS;
 }
 
 FAKE_EXPORT ze_result_t zeDriverGet(uint32_t *count, ze_driver_handle_t *handles)
 {
     enter(FAKE_ZE_CALL_DRIVER_GET, FAKE_CALLER());
+    after_failed_start();
+    if (start_failed()) {
+        /* The driver's own zeDriverGet, passed through with one driver: a
+         * count of 1 and a NULL handle (driver.cpp before 78b01e25d3). */
+        if (count == NULL)
+            return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+        if (*count > 0 && handles != NULL)
+            handles[0] = NULL;
+        *count = 1;
+        return ZE_RESULT_SUCCESS;
+    }
 #ifdef FAKE_ZE_LOADER_1_15_7
     /* 1.15.7 dereferences its table before checking it (fixed in 1.15.8). */
     if (!is_initialized())
@@ -138,6 +207,7 @@ FAKE_EXPORT ze_result_t zeDriverGet(uint32_t *count, ze_driver_handle_t *handles
  * loaders from 1.15.7 crash there. */
 static bool too_early(void)
 {
+    after_failed_start();
     if (is_initialized())
         return false;
 #ifdef FAKE_ZE_LOADER_1_15_7
@@ -286,6 +356,10 @@ FAKE_EXPORT ze_result_t zeDriverGetExtensionFunctionAddress(ze_driver_handle_t h
                                                             const char *name, void **function)
 {
     enter(FAKE_ZE_CALL_EXTENSION_ADDRESS, FAKE_CALLER());
+    /* The NULL handle of a driver whose start failed: a virtual call on it
+     * (BaseDriver::fromHandle(hDriver)->getExtensionFunctionAddress). */
+    if (handle == NULL && start_failed())
+        raise(SIGSEGV);
     if (too_early())
         return ZE_RESULT_ERROR_UNINITIALIZED;
     struct driver *driver = driver_of_loader_handle(handle);

@@ -420,3 +420,102 @@ Test(vendors, ze_exit_and_stats)
     shim_run_free(&without);
     shim_run_free(&with);
 }
+
+/* Issue 35: a start that fails is final. The driver finds no device; the
+ * loader (up to 1.17.28) has unloaded it and jumps into unmapped code at
+ * the next driver call, or (later loaders over Intel's drivers before 23.48)
+ * answers one driver with a NULL handle that crashes the next call: the
+ * double raises SIGSEGV there. The program's zeInit is seen by the shim's
+ * definition, or not (called through the loader's handle, as SYCL's own
+ * loader front end does): either way the shim asks no driver anything, the
+ * program runs as without it, and its memory stays locked only. */
+static const char *const failed_starts[][2] = {
+    {"start_fails", NULL},
+    {"start_fails_unseen", NULL},
+    {"start_fails", "FAKE_ZE_LOADER_KEEPS_DRIVERS=1"},
+    {"start_fails_unseen", "FAKE_ZE_LOADER_KEEPS_DRIVERS=1"},
+};
+
+ParameterizedTestParameters(vendors, ze_failed_start_is_final)
+{
+    return cr_make_param_array(int, four, 4);
+}
+
+ParameterizedTest(const int *index, vendors, ze_failed_start_is_final)
+{
+    const char *scenario = failed_starts[*index][0], *loader = failed_starts[*index][1];
+    struct shim_run without, with;
+    const char *settings[] = {"FAKE_ZE_START=fail", loader, NULL}; /* loader NULL: ends here */
+    const char *argv[] = {shim_run_required_env("ZE_PROGRAM"), scenario, NULL};
+    const char *defaults[] = {"PINSHIM_CUDART=", "PINSHIM_LOG=", "FAKE_GPU_LOG=", NULL};
+    shim_run(&without, argv, false, defaults, settings);
+    shim_run(&with, argv, true, defaults, settings);
+    cr_assert_eq(without.result.status, 0, "%s%s", without.result.out, without.result.err);
+    cr_assert_eq(with.result.status, 0, "%s with the shim: status %d\n%s%s", scenario,
+                 with.result.status, with.result.out, with.result.err);
+    const char *keys[] = {"start", "mlock", "munlock"};
+    for (size_t i = 0; i < 3; i++) {
+        char expected[64];
+        snprintf(expected, sizeof(expected), "%s", shim_run_printed(&without, keys[i]));
+        cr_assert_str_eq(shim_run_printed(&with, keys[i]), expected, "%s", keys[i]);
+    }
+    cr_assert_str_eq(shim_run_printed(&with, "start"), "0x78000001");
+    cr_assert_eq(printed(&with, "registered"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "shim_driver_get_calls"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "shim_extension_calls"), 0, "%s", with.result.out);
+    /* The program's zeInit, and, where the shim could not see it, the
+     * watcher's one question for the loader's cached answer. */
+    cr_assert_eq(printed(&with, "init_calls"), strstr(scenario, "unseen") != NULL ? 2 : 1, "%s",
+                 with.result.out);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* Create mode after the program's failed start, for each vendor setting:
+ * the program runs as without the shim, and the shim asks Level Zero's
+ * driver nothing (with auto, or cuda, the fake CUDA runtime may register). */
+static const char *const create_vendors[] = {"PINSHIM_VENDOR=ze", "PINSHIM_VENDOR=auto",
+                                             "PINSHIM_VENDOR=cuda", "PINSHIM_VENDOR=hip"};
+
+ParameterizedTestParameters(vendors, ze_failed_start_in_create_mode)
+{
+    return cr_make_param_array(int, four, 4);
+}
+
+ParameterizedTest(const int *index, vendors, ze_failed_start_in_create_mode)
+{
+    struct shim_run without, with;
+    const char *settings[] = {"FAKE_ZE_START=fail", "PINSHIM_CONTEXT=create",
+                              create_vendors[*index], NULL};
+    const char *argv[] = {shim_run_required_env("ZE_PROGRAM"), "start_fails", NULL};
+    const char *defaults[] = {"PINSHIM_CUDART=", "PINSHIM_LOG=", "FAKE_GPU_LOG=", NULL};
+    shim_run(&without, argv, false, defaults, settings);
+    shim_run(&with, argv, true, defaults, settings);
+    cr_assert_eq(with.result.status, 0, "status %d\n%s%s", with.result.status, with.result.out,
+                 with.result.err);
+    cr_assert_eq(printed(&with, "mlock"), printed(&without, "mlock"));
+    cr_assert_eq(printed(&with, "munlock"), printed(&without, "munlock"));
+    if (*index == 0)
+        cr_assert_eq(printed(&with, "registered"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "shim_driver_get_calls"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "shim_extension_calls"), 0, "%s", with.result.out);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* A child of a process that started Level Zero calls it not at all: its
+ * locks stay locked only, and the parent's registration is untouched. */
+Test(vendors, ze_fork_child_calls_nothing)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "fork_child", NULL, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "child_status"), 0, "%s%s", with.result.out, with.result.err);
+    cr_assert_eq(printed(&with, "child_mlock"), 0);
+    cr_assert_eq(printed(&with, "child_registered"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "child_imported"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "child_shim_calls"), 0, "%s", with.result.out);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}

@@ -16,12 +16,22 @@
  *                 the loader's handle: calls the shim cannot see), then locks
  *   exit_locked   exits with the buffer locked (the shim releases at exit)
  *   read_only     the buffer is made read-only (mprotect), then locked: no
- *                 host registration of this vendor's pins read-only memory */
+ *                 host registration of this vendor's pins read-only memory
+ *   start_fails   zeInit, which fails (FAKE_ZE_START=fail, or a real driver
+ *                 that finds no device), then mlock, pinshim_drain, munlock
+ *   start_fails_unseen  the same, zeInit called through the loader's handle
+ *                 (dlsym), as SYCL's adapter with its own loader front end
+ *                 does: no definition of the shim's sees it
+ *   fork_child    zeInit, then a child locks a buffer of its own and says
+ *                 what the shim did there; then the parent locks */
 #include <level_zero/loader/ze_loader.h>
 #include <level_zero/ze_api.h>
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +102,73 @@ static int start(void)
     return (int)result;
 }
 
+/* A start that fails: the program goes on with memory it locks. What the
+ * shim asked of Level Zero is printed from the double's counts. */
+static void locks_after_a_failed_start(unsigned char *buffer, bool unseen)
+{
+    ze_result_t (*init)(ze_init_flags_t) = zeInit;
+    if (unseen) {
+        void *loader = dlopen("libze_loader.so.1", RTLD_NOW | RTLD_NOLOAD);
+        *(void **)&init = loader != NULL ? dlsym(loader, "zeInit") : NULL;
+        if (init == NULL) {
+            printf("harness: no loader's zeInit\n");
+            exit(3);
+        }
+    }
+    printf("start=%#x\n", (unsigned)init(ZE_INIT_FLAG_GPU_ONLY));
+    printf("mlock=%d\n", mlock(buffer, BYTES));
+    /* The watcher looks at the waiting range once (and asks the loader). */
+    printf("waiting=%zu\n", drain != NULL ? drain() : 0);
+    printf("registered=%d\n", registered(buffer));
+    printf("munlock=%d\n", munlock(buffer, BYTES));
+    free(buffer);
+    if (calls_by != NULL) {
+        /* The program's zeInit reaches the loader through the shim's
+         * definition where it has one: counted as the shim's. */
+        printf("init_calls=%llu\n",
+               (unsigned long long)(calls_by(0, "libpinshim") + calls_by(0, "ze_program")));
+        printf("shim_driver_get_calls=%llu\n", (unsigned long long)calls_by(1, "libpinshim"));
+        printf("shim_extension_calls=%llu\n", (unsigned long long)calls_by(2, "libpinshim"));
+    }
+}
+
+/* A child of a process that started Level Zero: whatever it locks stays
+ * locked only (the driver starts anew in a new process). */
+static void child_locks(unsigned char *buffer)
+{
+    /* Started, nothing locked yet: no registration has chosen a vendor. */
+    printf("start=%#x\n", start());
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        unsigned char *own = NULL;
+        if (posix_memalign((void **)&own, 4096, BYTES) != 0)
+            _exit(3);
+        memset(own, 0x33, BYTES);
+        uint64_t imports = calls_by(4, "libpinshim"), lookups = calls_by(1, "libpinshim");
+        printf("child_mlock=%d\n", mlock(own, BYTES));
+        if (drain != NULL)
+            drain();
+        printf("child_registered=%d\n", registered(own));
+        printf("child_imported=%d\n", imported_base(own) != 0);
+        printf("child_shim_calls=%llu\n",
+               (unsigned long long)(calls_by(4, "libpinshim") - imports +
+                                    calls_by(1, "libpinshim") - lookups));
+        printf("child_munlock=%d\n", munlock(own, BYTES));
+        fflush(stdout);
+        _exit(0);
+    }
+    int status = 0;
+    printf("child_status=%d\n",
+           child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status)
+               ? WEXITSTATUS(status)
+               : -1);
+    printf("mlock=%d\n", mlock(buffer, BYTES));
+    printf("registered=%d\n", registered(buffer));
+    printf("munlock=%d\n", munlock(buffer, BYTES));
+    free(buffer);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -106,6 +183,14 @@ int main(int argc, char **argv)
         return 3;
     memset(buffer, 0x5a, BYTES);
 
+    if (strcmp(scenario, "start_fails") == 0 || strcmp(scenario, "start_fails_unseen") == 0) {
+        locks_after_a_failed_start(buffer, strcmp(scenario, "start_fails_unseen") == 0);
+        return 0;
+    }
+    if (strcmp(scenario, "fork_child") == 0) {
+        child_locks(buffer);
+        return 0;
+    }
     if (strcmp(scenario, "deferred") == 0) {
         printf("mlock=%d\n", mlock(buffer, BYTES));
         printf("registered_before_start=%d\n", registered(buffer));
