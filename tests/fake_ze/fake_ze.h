@@ -14,7 +14,22 @@
  *    entry point in the 1.8 loader, while loaders from 1.15.7 dereference a
  *    NULL table there (a crash): the double answers UNINITIALIZED and records
  *    "too_early". zeInit(flags) starts the drivers (no driver:
- *    FAKE_ZE_DRIVERS=0, UNINITIALIZED). Driver handles the loader gives are
+ *    FAKE_ZE_DRIVERS=0, UNINITIALIZED) once: every later zeInit, whatever
+ *    its flags, gets the first one's answer (ze_libapi.cpp: call_once and a
+ *    static result). FAKE_ZE_START=fail: the drivers are there and find no
+ *    device, so zeInit answers UNINITIALIZED (Debian 12's loader 1.8.12 over
+ *    Intel's driver 22.43 on a machine without its GPU); the loader, up to
+ *    1.17.28, has then unloaded the driver and kept its functions in the
+ *    table (ze_loader.cpp check_drivers; ze_lib.cpp fills the table before
+ *    the drivers start), so zeDriverGet and every entry point past zeInit
+ *    raise SIGSEGV, as the jump into unmapped code does. With
+ *    FAKE_ZE_LOADER_KEEPS_DRIVERS=1 the loader is one from 1.17.39 over an
+ *    Intel driver before 23.48 (driver.cpp's driverCount = 1 until
+ *    78b01e25d3): zeDriverGet answers one driver with a NULL handle, and
+ *    zeDriverGetExtensionFunctionAddress on it raises SIGSEGV (a virtual
+ *    call on NULL). zelLoaderGetVersions counts no component until a zeInit
+ *    has loaded a driver (none with FAKE_ZE_DRIVERS=0), then one, and asks
+ *    no driver. Driver handles the loader gives are
  *    its own objects wrapping the driver's (intercept enabled);
  *    zelLoaderTranslateHandle(ZEL_HANDLE_DRIVER, ...) gives the driver's
  *    (NULL in or out: ZE_RESULT_ERROR_INVALID_NULL_POINTER; a handle that is
