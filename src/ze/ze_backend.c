@@ -238,6 +238,21 @@ static void look_for_start(void)
         ze_backend_note_start_failed(result);
 }
 
+/* Whether a sanitizer's runtime is in the process: its dlopen ends the
+ * process when asked for RTLD_DEEPBIND (sanitizers issue 611), which Intel's
+ * driver asks for libdxcore as it starts (compute-runtime 22.43, Debian 12).
+ * A program under ASan that never starts Level Zero would die of the shim's
+ * start in create mode. */
+static bool sanitizer_refuses_deepbind(void)
+{
+    static const char *const runtimes[] = {"__asan_init", "__tsan_init", "__msan_init",
+                                           "__hwasan_init"};
+    for (size_t i = 0; i < sizeof(runtimes) / sizeof(*runtimes); i++)
+        if (dlsym(RTLD_DEFAULT, runtimes[i]) != NULL)
+            return true;
+    return false;
+}
+
 /* Whether a zeInit ran before the fork (the loader's state is the
  * parent's): a child that started again would get the parent's answer from
  * the loader while the driver starts anew. Called with mutex held. */
@@ -263,6 +278,11 @@ static bool create(char *why, size_t why_size)
                      "loaded");
         else if (!loader_found && !resolve_loader_locked(handle))
             snprintf(why_none, sizeof(why_none), "libze_loader lacks zeDriverGet");
+        else if (sanitizer_refuses_deepbind())
+            snprintf(why_none, sizeof(why_none),
+                     "a sanitizer's runtime is in the process, and it ends a process whose "
+                     "driver asks dlopen for RTLD_DEEPBIND (Intel's does as it starts): Level "
+                     "Zero not started");
         else if (fork_child && started_before_fork_locked())
             snprintf(why_none, sizeof(why_none),
                      "a fork child: Level Zero was started before the fork");
