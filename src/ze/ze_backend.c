@@ -147,7 +147,7 @@ static bool find_loaded(void)
 
 /* The first driver whose extension functions include the import, with its
  * own handle; once. Called with mutex held, after the program's zeInit. */
-static void look_for_driver_locked(void)
+static void look_for_driver_locked(bool warn_if_none)
 {
     if (driver_state != DRIVER_NOT_LOOKED)
         return;
@@ -188,7 +188,8 @@ static void look_for_driver_locked(void)
     if (why_none[0] == '\0')
         snprintf(why_none, sizeof(why_none),
                  "no Level Zero driver offers zexDriverImportExternalPointer");
-    log_warn("%s; locked memory stays mlocked only", why_none);
+    if (warn_if_none) /* create mode says it with every vendor's reason */
+        log_warn("%s; locked memory stays mlocked only", why_none);
     driver_state = DRIVER_NONE;
 }
 
@@ -289,7 +290,7 @@ static bool create(char *why, size_t why_size)
         else if (ze.init(ZE_INIT_GPU_ONLY) != ZE_SUCCESS)
             snprintf(why_none, sizeof(why_none), "zeInit found no GPU driver");
         else
-            look_for_driver_locked();
+            look_for_driver_locked(false);
         created = driver_state == DRIVER_READY;
     }
     bool ok = created;
@@ -312,7 +313,7 @@ static enum engine_choice choose_place(bool from_worker, const struct range_plac
         if (now != VENDOR_STARTED)
             return ENGINE_PLACE_DEFER;
         pthread_mutex_lock(&mutex);
-        look_for_driver_locked();
+        look_for_driver_locked(true);
         pthread_mutex_unlock(&mutex);
     }
     int ready = __atomic_load_n(&driver_state, __ATOMIC_RELAXED);

@@ -430,10 +430,10 @@ Test(vendors, ze_exit_and_stats)
  * loader front end does): either way the shim asks no driver anything, the
  * program runs as without it, and its memory stays locked only. */
 static const char *const failed_starts[][2] = {
-    {"start_fails", NULL},
-    {"start_fails_unseen", NULL},
-    {"start_fails", "FAKE_ZE_LOADER_KEEPS_DRIVERS=1"},
-    {"start_fails_unseen", "FAKE_ZE_LOADER_KEEPS_DRIVERS=1"},
+    {"start_then_lock", NULL},
+    {"start_then_lock_unseen", NULL},
+    {"start_then_lock", "FAKE_ZE_LOADER_KEEPS_DRIVERS=1"},
+    {"start_then_lock_unseen", "FAKE_ZE_LOADER_KEEPS_DRIVERS=1"},
 };
 
 ParameterizedTestParameters(vendors, ze_failed_start_is_final)
@@ -487,7 +487,7 @@ ParameterizedTest(const int *index, vendors, ze_failed_start_in_create_mode)
     struct shim_run without, with;
     const char *settings[] = {"FAKE_ZE_START=fail", "PINSHIM_CONTEXT=create",
                               create_vendors[*index], NULL};
-    const char *argv[] = {shim_run_required_env("ZE_PROGRAM"), "start_fails", NULL};
+    const char *argv[] = {shim_run_required_env("ZE_PROGRAM"), "start_then_lock", NULL};
     const char *defaults[] = {"PINSHIM_CUDART=", "PINSHIM_LOG=", "FAKE_GPU_LOG=", NULL};
     shim_run(&without, argv, false, defaults, settings);
     shim_run(&with, argv, true, defaults, settings);

@@ -15,7 +15,11 @@
  *                 (dlsym on it: a call the shim cannot see), then locks
  *   exit_locked   exits with the buffer locked (the shim unregisters at exit)
  *   read_only     the buffer is made read-only (mprotect), then locked: no
- *                 host registration of this vendor's pins read-only memory */
+ *                 host registration of this vendor's pins read-only memory
+ *   no_device     hipInit, hipGetDeviceCount and its own hipHostRegister, as
+ *                 a program on a machine without an AMD GPU sees them fail
+ *                 (ROCm 5.2.3: 101, 100, 101), then mlock, pinshim_drain,
+ *                 munlock: it goes on with memory it locks */
 #define __HIP_PLATFORM_AMD__
 #include <hip/hip_runtime_api.h>
 
@@ -69,6 +73,20 @@ int main(int argc, char **argv)
         return 3;
     memset(buffer, 0x5a, BYTES);
 
+    if (strcmp(scenario, "no_device") == 0) {
+        int count = -1;
+        printf("init=%d\n", hipInit(0));
+        printf("device_count=%d\n", hipGetDeviceCount(&count));
+        printf("count=%d\n", count);
+        printf("own_register=%d\n", hipHostRegister(buffer, BYTES, 0));
+        printf("mlock=%d\n", mlock(buffer, BYTES));
+        printf("waiting=%zu\n", drain != NULL ? drain() : 0);
+        printf("registered=%d\n", registered(buffer));
+        printf("munlock=%d\n", munlock(buffer, BYTES));
+        printf("last_error=%d\n", hipGetLastError());
+        free(buffer);
+        return 0;
+    }
     if (strcmp(scenario, "deferred") == 0) {
         printf("mlock=%d\n", mlock(buffer, BYTES));
         printf("registered_before_start=%d\n", registered(buffer));

@@ -17,9 +17,9 @@
  *   exit_locked   exits with the buffer locked (the shim releases at exit)
  *   read_only     the buffer is made read-only (mprotect), then locked: no
  *                 host registration of this vendor's pins read-only memory
- *   start_fails   zeInit, which fails (FAKE_ZE_START=fail, or a real driver
+ *   start_then_lock  zeInit (failing with FAKE_ZE_START=fail, or a real driver
  *                 that finds no device), then mlock, pinshim_drain, munlock
- *   start_fails_unseen  the same, zeInit called through the loader's handle
+ *   start_then_lock_unseen  the same, zeInit called through the loader's handle
  *                 (dlsym), as SYCL's adapter with its own loader front end
  *                 does: no definition of the shim's sees it
  *   fork_child    zeInit, then a child locks a buffer of its own and says
@@ -102,9 +102,9 @@ static int start(void)
     return (int)result;
 }
 
-/* A start that fails: the program goes on with memory it locks. What the
- * shim asked of Level Zero is printed from the double's counts. */
-static void locks_after_a_failed_start(unsigned char *buffer, bool unseen)
+/* Whatever the start answers, the program goes on with memory it locks.
+ * What the shim asked of Level Zero is printed from the double's counts. */
+static void start_then_lock(unsigned char *buffer, bool unseen)
 {
     ze_result_t (*init)(ze_init_flags_t) = zeInit;
     if (unseen) {
@@ -183,8 +183,9 @@ int main(int argc, char **argv)
         return 3;
     memset(buffer, 0x5a, BYTES);
 
-    if (strcmp(scenario, "start_fails") == 0 || strcmp(scenario, "start_fails_unseen") == 0) {
-        locks_after_a_failed_start(buffer, strcmp(scenario, "start_fails_unseen") == 0);
+    if (strcmp(scenario, "start_then_lock") == 0 ||
+        strcmp(scenario, "start_then_lock_unseen") == 0) {
+        start_then_lock(buffer, strcmp(scenario, "start_then_lock_unseen") == 0);
         return 0;
     }
     if (strcmp(scenario, "fork_child") == 0) {
