@@ -5378,10 +5378,15 @@ int main(int argc, char **argv)
      * PINSHIM_CONTEXT=program, registers into it; its other threads have no
      * context and the shim uses the active primary one. */
     if (getenv("MODEL_PROGRAM_CONTEXT") != NULL && getenv("MODEL_PROGRAM_CONTEXT")[0] == '1') {
-        /* CUDA: cudaFree(NULL); HIP: hipSetDevice(0); Level Zero: zeInit(0). */
+        /* CUDA: cudaFree(NULL); HIP: hipSetDevice(0); Level Zero: zeInit(0),
+         * by name, as a program linked with the loader calls it, so that the
+         * shim's definition sees the start (a start it does not see is found
+         * later, by the engine's watcher: tests/integration/test_vendors.c). */
         static const char *const starts[] = {"cudaFree", "hipSetDevice", "zeInit"};
-        void *runtime = dlopen(fake_library(), RTLD_NOW);
-        void *start = runtime ? dlsym(runtime, starts[vendor]) : NULL;
+        void *runtime = dlopen(fake_library(), RTLD_NOW | RTLD_GLOBAL);
+        void *start = runtime == NULL      ? NULL
+                      : vendor == MODEL_ZE ? dlsym(RTLD_DEFAULT, starts[vendor])
+                                           : dlsym(runtime, starts[vendor]);
         int started = -1;
         if (start != NULL && vendor == MODEL_CUDA)
             started = ((int (*)(void *))start)(NULL);
