@@ -22,6 +22,8 @@ _Static_assert((int)CUDA_ERROR_NOT_INITIALIZED == (int)CUDA_DRIVER_NOT_INITIALIZ
                    (int)CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED == 712 &&
                    (int)CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED == (int)CUDA_DRIVER_NOT_REGISTERED,
                "CUresult values changed");
+_Static_assert((int)CU_STREAM_CAPTURE_MODE_RELAXED == CUDA_DRIVER_CAPTURE_MODE_RELAXED,
+               "CUstreamCaptureMode values changed");
 _Static_assert(CU_MEMHOSTREGISTER_PORTABLE == ENGINE_REGISTER_PORTABLE &&
                    CU_MEMHOSTREGISTER_DEVICEMAP == ENGINE_REGISTER_DEVICEMAP &&
                    CU_MEMHOSTREGISTER_IOMEMORY == ENGINE_REGISTER_IOMEMORY &&
@@ -95,6 +97,8 @@ static bool find_locked(struct cuda_driver *driver)
     *(void **)&found.driver_get_version = driver_symbol(handle, NULL, "cuDriverGetVersion");
     *(void **)&found.device_get_attribute = driver_symbol(handle, NULL, "cuDeviceGetAttribute");
     *(void **)&found.device_get_pci_bus_id = driver_symbol(handle, NULL, "cuDeviceGetPCIBusId");
+    *(void **)&found.exchange_capture_mode =
+        driver_symbol(handle, NULL, "cuThreadExchangeStreamCaptureMode");
     if (found.ctx_get_current == NULL || found.ctx_get_device == NULL || found.ctx_push == NULL ||
         found.ctx_pop == NULL || found.device_get_count == NULL || found.device_get == NULL ||
         found.primary_get_state == NULL || found.primary_retain == NULL ||
@@ -277,16 +281,42 @@ static bool context_gone(int error)
            error == CUDA_DRIVER_CONTEXT_IS_DESTROYED;
 }
 
+/* Stream capture: while a thread of the program captures a graph in the
+ * global mode (the default), a "potentially unsafe" call from any thread in
+ * the global mode fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900)
+ * and invalidates the program's capture (its cuStreamEndCapture then fails:
+ * 901). cuMemHostRegister is such a call (vLLM #46933); PyTorch makes its
+ * own cudaHostRegister and cudaHostAlloc in the relaxed mode for that
+ * reason (CUDAStreamCaptureModeGuard). The shim's calls run in the relaxed
+ * mode, the thread's own mode given back after: a capture never sees them,
+ * nor they it. Returns the mode to give back, or -1. */
+static int capture_relaxed_enter(struct cuda_driver *driver)
+{
+    int mode = CUDA_DRIVER_CAPTURE_MODE_RELAXED;
+    if (driver->exchange_capture_mode == NULL ||
+        driver->exchange_capture_mode(&mode) != CUDA_DRIVER_SUCCESS)
+        return -1;
+    return mode;
+}
+
+static void capture_relaxed_leave(struct cuda_driver *driver, int previous)
+{
+    if (previous >= 0 && previous != CUDA_DRIVER_CAPTURE_MODE_RELAXED)
+        driver->exchange_capture_mode(&previous);
+}
+
 int cuda_driver_register(struct cuda_driver *driver, const struct range_place *place, void *base,
                          size_t length, unsigned flags)
 {
     if (!cuda_driver_find(driver))
         return CUDA_DRIVER_NO_CONTEXT;
+    int capture_mode = capture_relaxed_enter(driver);
     bool entered, retained;
     int error = enter_place(driver, place, &entered, &retained);
     if (error == CUDA_DRIVER_SUCCESS)
         error = driver->host_register(base, length, flags);
     leave_place(driver, place, entered, retained);
+    capture_relaxed_leave(driver, capture_mode);
     return context_gone(error) ? CUDA_DRIVER_NO_CONTEXT : error;
 }
 
@@ -294,11 +324,13 @@ int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place 
 {
     if (!cuda_driver_find(driver))
         return CUDA_DRIVER_NOT_REGISTERED;
+    int capture_mode = capture_relaxed_enter(driver);
     bool entered, retained;
     int error = enter_place(driver, place, &entered, &retained);
     if (error == CUDA_DRIVER_SUCCESS)
         error = driver->host_unregister(base);
     leave_place(driver, place, entered, retained);
+    capture_relaxed_leave(driver, capture_mode);
     /* A context that is gone took its registrations with it. */
     return context_gone(error) ? CUDA_DRIVER_NOT_REGISTERED : error;
 }

@@ -27,6 +27,9 @@ enum {
     CUDA_DRIVER_INVALID_CONTEXT = 201,
     CUDA_DRIVER_CONTEXT_IS_DESTROYED = 709,
     CUDA_DRIVER_NOT_REGISTERED = 713,
+    /* CUstreamCaptureMode: the calling thread's mode that lets it make
+     * "potentially unsafe" calls while a program's thread captures. */
+    CUDA_DRIVER_CAPTURE_MODE_RELAXED = 2,
     /* Not a CUresult: the place chosen has no live context (any more). */
     CUDA_DRIVER_NO_CONTEXT = -1,
 };
@@ -49,6 +52,7 @@ struct cuda_driver {
     int (*driver_get_version)(int *version);
     int (*device_get_attribute)(int *value, int attribute, int device); /* optional */
     int (*device_get_pci_bus_id)(char *bus_id, int length, int device); /* optional */
+    int (*exchange_capture_mode)(int *mode);                            /* optional: CUDA 10.1 on */
     bool found;
     bool seen_initialized; /* a call answered anything but NOT_INITIALIZED */
     char path[512];

@@ -111,6 +111,8 @@ static bool resolve_symbols(struct cuda_runtime *runtime, const char *name)
     runtime->set_device = (cuda_set_device_fn)resolve(runtime->handle, "cudaSetDevice");
     runtime->device_get_attribute =
         (cuda_device_get_attribute_fn)resolve(runtime->handle, "cudaDeviceGetAttribute");
+    *(void **)&runtime->exchange_capture_mode =
+        resolve(runtime->handle, "cudaThreadExchangeStreamCaptureMode");
     record_path(runtime, name);
     return true;
 }

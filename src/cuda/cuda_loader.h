@@ -33,6 +33,7 @@ struct cuda_runtime {
     cuda_get_device_fn get_device;                     /* optional */
     cuda_set_device_fn set_device;                     /* optional */
     cuda_device_get_attribute_fn device_get_attribute; /* optional */
+    int (*exchange_capture_mode)(int *mode);           /* optional: 10.1 on */
     void *handle;
     bool loaded;              /* the required symbols resolved */
     bool usable;              /* loaded, and a driver and a device answered */

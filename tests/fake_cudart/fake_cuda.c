@@ -1834,12 +1834,151 @@ static uint32_t registration_find_exact(uintptr_t base, uint64_t id)
     return node && node_pool[node].base == base && node_pool[node].id == id ? node : 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Stream capture.                                                          */
+
+/* Captures in progress: the stream, the mode it was begun in, the thread
+ * that began it, and whether a refused call invalidated it. */
+enum { MAX_CAPTURES = 16 };
+static struct capture {
+    bool used;
+    bool invalidated;
+    const void *stream;
+    int mode;
+    const void *thread;
+} captures[MAX_CAPTURES];
+static uint64_t capture_refusals;
+
+/* The calling thread's capture interaction mode (cuda.h: each thread starts
+ * in the global mode) and a per-thread address that names the thread. */
+static _Thread_local int thread_capture_mode __attribute__((tls_model("initial-exec")));
+static _Thread_local char thread_marker __attribute__((tls_model("initial-exec")));
+
+static struct capture *capture_of_locked(const void *stream)
+{
+    for (int i = 0; i < MAX_CAPTURES; i++)
+        if (captures[i].used && captures[i].stream == stream)
+            return &captures[i];
+    return NULL;
+}
+
+/* cuda.h, cuThreadExchangeStreamCaptureMode: a thread in the global mode
+ * may make no "potentially unsafe" call while it captures itself (not
+ * relaxed) or while any other thread captures in the global mode; one in
+ * the thread-local mode only while it captures itself; one in the relaxed
+ * mode always. Such a call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * and invalidates the captures it broke into (the programming guide's
+ * "Invalidation"; vLLM #48053 saw it across threads), whose
+ * cuStreamEndCapture then fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.
+ * The unsafe calls here: cuMemHostRegister, cuMemHostUnregister,
+ * cuMemAlloc, cuMemFree, cuMemHostAlloc, cuMemFreeHost (cudaMalloc is the
+ * documented example; cudaHostRegister fails so in vLLM #46933). */
+static int capture_refusal_locked(void)
+{
+    if (thread_capture_mode == FAKE_CU_STREAM_CAPTURE_MODE_RELAXED)
+        return FAKE_CU_SUCCESS;
+    bool refused = false;
+    for (int i = 0; i < MAX_CAPTURES; i++) {
+        struct capture *capture = &captures[i];
+        if (!capture->used || capture->mode == FAKE_CU_STREAM_CAPTURE_MODE_RELAXED)
+            continue;
+        bool own = capture->thread == &thread_marker;
+        bool blocks = own || (thread_capture_mode == FAKE_CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                              capture->mode == FAKE_CU_STREAM_CAPTURE_MODE_GLOBAL);
+        if (blocks) {
+            capture->invalidated = true;
+            refused = true;
+        }
+    }
+    if (refused)
+        capture_refusals++;
+    return refused ? FAKE_CU_ERROR_STREAM_CAPTURE_UNSUPPORTED : FAKE_CU_SUCCESS;
+}
+
+FAKE_EXPORT int cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    caller_object(FAKE_CU_CALL_THREAD_EXCHANGE_STREAM_CAPTURE_MODE, CALLER());
+    if (mode == NULL || *mode < FAKE_CU_STREAM_CAPTURE_MODE_GLOBAL ||
+        *mode > FAKE_CU_STREAM_CAPTURE_MODE_RELAXED)
+        return FAKE_CU_ERROR_INVALID_VALUE;
+    int previous = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = previous;
+    return FAKE_CU_SUCCESS;
+}
+
+/* The legacy (NULL) stream cannot capture; a stream captures once at a
+ * time (CUDA_ERROR_ILLEGAL_STATE, chosen from cudaErrorIllegalState's
+ * text). */
+FAKE_EXPORT int cuStreamBeginCapture_v2(CUstream stream, int mode)
+{
+    caller_object(FAKE_CU_CALL_STREAM_BEGIN_CAPTURE_V2, CALLER());
+    lock_state();
+    int error = api_state_error_locked();
+    if (!error &&
+        (mode < FAKE_CU_STREAM_CAPTURE_MODE_GLOBAL || mode > FAKE_CU_STREAM_CAPTURE_MODE_RELAXED))
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    if (!error && stream == NULL)
+        error = FAKE_CU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (!error && capture_of_locked(stream) != NULL)
+        error = FAKE_CU_ERROR_ILLEGAL_STATE;
+    struct capture *slot = NULL;
+    for (int i = 0; !error && slot == NULL && i < MAX_CAPTURES; i++)
+        if (!captures[i].used)
+            slot = &captures[i];
+    if (!error && slot == NULL)
+        error = FAKE_CU_ERROR_OUT_OF_MEMORY;
+    if (!error)
+        *slot = (struct capture){
+            .used = true, .stream = stream, .mode = mode, .thread = &thread_marker};
+    unlock_state();
+    return error;
+}
+
+/* Ends a capture: from another thread than the one that began it (not
+ * relaxed): CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD; invalidated: the capture
+ * ends all the same with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and a NULL
+ * graph (programming guide). A graph here is any non-NULL handle. */
+FAKE_EXPORT int cuStreamEndCapture(CUstream stream, void **graph)
+{
+    caller_object(FAKE_CU_CALL_STREAM_END_CAPTURE, CALLER());
+    lock_state();
+    int error = api_state_error_locked();
+    struct capture *capture = error ? NULL : capture_of_locked(stream);
+    if (!error && graph == NULL)
+        error = FAKE_CU_ERROR_INVALID_VALUE;
+    if (!error && capture == NULL)
+        error = FAKE_CU_ERROR_ILLEGAL_STATE;
+    if (!error && capture->mode != FAKE_CU_STREAM_CAPTURE_MODE_RELAXED &&
+        capture->thread != &thread_marker)
+        error = FAKE_CU_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    if (!error) {
+        error = capture->invalidated ? FAKE_CU_ERROR_STREAM_CAPTURE_INVALIDATED : FAKE_CU_SUCCESS;
+        *graph = error ? NULL : (void *)&captures[capture - captures];
+        capture->used = false;
+    }
+    unlock_state();
+    return error;
+}
+
+FAKE_EXPORT uint64_t fake_cuda_capture_refusals(void)
+{
+    lock_state();
+    uint64_t refusals = capture_refusals;
+    unlock_state();
+    return refusals;
+}
+
+/* ------------------------------------------------------------------------ */
+
 static int mem_host_register(uintptr_t base, size_t size, unsigned flags)
 {
     lock_state();
     uint32_t context = 0;
     int device = -1;
     int error = enter_context_call_locked(&context, &device);
+    if (!error)
+        error = capture_refusal_locked();
     if (!error && injected_failure_due(&register_fail_counter, config.fail_register_every))
         error = config.fail_error;
     if (!error && (!base || !size || (flags & ~FAKE_CU_MEMHOSTREGISTER_VALID_FLAGS) ||
@@ -1934,6 +2073,8 @@ FAKE_EXPORT int cuMemHostUnregister(void *pointer)
     uint32_t context = 0;
     int device = -1;
     int error = enter_context_call_locked(&context, &device);
+    if (!error)
+        error = capture_refusal_locked();
     if (!error && injected_failure_due(&unregister_fail_counter, config.fail_unregister_every))
         error = config.fail_error;
     uint32_t node = error ? 0 : registration_find_containing(base);
@@ -2028,6 +2169,8 @@ FAKE_EXPORT int cuMemHostAlloc(void **pointer, size_t size, unsigned int flags)
     uint32_t context = 0;
     int device = -1;
     int error = enter_context_call_locked(&context, &device);
+    if (!error)
+        error = capture_refusal_locked();
     if (!error && (!pointer || !size ||
                    (flags & ~(FAKE_CU_MEMHOSTALLOC_PORTABLE | FAKE_CU_MEMHOSTALLOC_DEVICEMAP |
                               FAKE_CU_MEMHOSTALLOC_WRITECOMBINED))))
@@ -2074,6 +2217,8 @@ FAKE_EXPORT int cuMemFreeHost(void *pointer)
     uint32_t context = 0;
     int device = -1;
     int error = enter_context_call_locked(&context, &device);
+    if (!error)
+        error = capture_refusal_locked();
     uint32_t node = error ? 0 : registration_find_containing((uintptr_t)pointer);
     if (!error &&
         (!node || !node_pool[node].host_alloc || node_pool[node].base != (uintptr_t)pointer))
@@ -2123,6 +2268,8 @@ FAKE_EXPORT int cuMemAlloc_v2(CUdeviceptr *device_pointer, size_t size)
     uint32_t context = 0;
     int device = -1;
     int error = enter_context_call_locked(&context, &device);
+    if (!error)
+        error = capture_refusal_locked();
     if (!error && (!device_pointer || !size))
         error = FAKE_CU_ERROR_INVALID_VALUE;
     size_t slot = device_slots_used;
@@ -2171,6 +2318,8 @@ FAKE_EXPORT int cuMemFree_v2(CUdeviceptr device_pointer)
     uint32_t context = 0;
     int device = -1;
     int error = enter_context_call_locked(&context, &device);
+    if (!error)
+        error = capture_refusal_locked();
     struct device_allocation *allocation =
         error || !device_pointer ? NULL : device_find_locked((uintptr_t)device_pointer, 1);
     if (!error && (!allocation || allocation->address != (uintptr_t)device_pointer))

@@ -93,6 +93,9 @@ struct driver_api {
     int (*memcpy_dtod_async)(unsigned long long, unsigned long long, size_t, void *);
     int (*memcpy_unified_async)(unsigned long long, unsigned long long, size_t, void *);
     int (*stream_synchronize)(void *);
+    int (*exchange_capture_mode)(int *);
+    int (*stream_begin_capture)(void *, int);
+    int (*stream_end_capture)(void *, void **);
     int (*primary_retain_for)(void **, int, const void *);
     size_t (*live_count)(void);
     size_t (*snapshot_live)(struct fake_cuda_range *, size_t);
@@ -330,6 +333,9 @@ static const struct driver_api *driver_get(bool load)
         resolve(library, "cuMemcpyDtoDAsync_v2", &api.memcpy_dtod_async) &&
         resolve(library, "cuMemcpyAsync", &api.memcpy_unified_async) &&
         resolve(library, "cuStreamSynchronize", &api.stream_synchronize) &&
+        resolve(library, "cuThreadExchangeStreamCaptureMode", &api.exchange_capture_mode) &&
+        resolve(library, "cuStreamBeginCapture_v2", &api.stream_begin_capture) &&
+        resolve(library, "cuStreamEndCapture", &api.stream_end_capture) &&
         resolve(library, "fake_cuda_internal_primary_ctx_retain", &api.primary_retain_for) &&
         resolve(library, "fake_cuda_live_count", &api.live_count) &&
         resolve(library, "fake_cuda_snapshot_live", &api.snapshot_live) &&
@@ -709,6 +715,38 @@ FAKE_EXPORT_EXTRA int cudaStreamSynchronize(void *stream)
         error = ensure_context(api, caller);
     if (!error)
         error = runtime_error_of(api->stream_synchronize(stream));
+    return finish_call(error);
+}
+
+/* Stream capture: the driver's (fake_cuda.h models its rules); the
+ * runtime's modes and codes have the driver's numbers. */
+FAKE_EXPORT_EXTRA int cudaThreadExchangeStreamCaptureMode(int *mode)
+{
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = runtime_error_of(api->exchange_capture_mode(mode));
+    return finish_call(error);
+}
+
+FAKE_EXPORT_EXTRA int cudaStreamBeginCapture(void *stream, int mode)
+{
+    const void *caller = CALLER();
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = ensure_context(api, caller);
+    if (!error)
+        error = runtime_error_of(api->stream_begin_capture(stream, mode));
+    return finish_call(error);
+}
+
+FAKE_EXPORT_EXTRA int cudaStreamEndCapture(void *stream, void **graph)
+{
+    const struct driver_api *api = NULL;
+    int error = runtime_enter(&api);
+    if (!error)
+        error = runtime_error_of(api->stream_end_capture(stream, graph));
     return finish_call(error);
 }
 

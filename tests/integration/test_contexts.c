@@ -351,3 +351,51 @@ Test(contexts, pinned_when_the_lock_call_returns_by_default)
     cr_assert_eq(shim_run_printed_number(&run, "worker_device"), 0);
     shim_run_free(&run);
 }
+
+/* Issue 35: a thread captures a CUDA graph in the global mode while main
+ * (in its context) and a thread with no context lock memory and main
+ * unlocks some. The double refuses every "potentially unsafe" call of a
+ * thread in the global mode then, and invalidates the capture (fake_cuda.h);
+ * the shim's calls run in the relaxed mode, so the capture ends with its
+ * graph and the memory is registered. */
+static void expect_capture_completes(const char *const *settings)
+{
+    struct shim_run run;
+    run_scenario(&run, "capture-beside-lock", NULL, settings);
+    cr_assert_eq(shim_run_printed_number(&run, "capture_begin"), 0, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "capture_end"), 0, "%s%s", run.result.out,
+                 run.result.err);
+    cr_assert_eq(shim_run_printed_number(&run, "graph"), 1);
+    cr_assert_eq(shim_run_printed_number(&run, "refusals"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "munlock"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "block_registered"), 1, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "worker_registered"), 1, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "unlocked_registered"), 0);
+    shim_run_free(&run);
+}
+
+Test(contexts, a_graph_captured_beside_locks_completes, .timeout = 60)
+{
+    expect_capture_completes(NULL);
+    const char *asynchronous[] = {"PINSHIM_ASYNC=on", NULL};
+    expect_capture_completes(asynchronous);
+    const char *create[] = {"PINSHIM_CONTEXT=create", NULL};
+    expect_capture_completes(create);
+}
+
+/* The parent started CUDA and locked nothing (no registration had chosen
+ * CUDA yet); its forked child locks: the shim calls the driver not at all
+ * there (the double counts the child's calls afresh), and the parent's
+ * locks still register. */
+Test(contexts, a_child_of_a_started_parent_calls_cuda_not_at_all, .timeout = 60)
+{
+    struct shim_run run;
+    run_scenario(&run, "fork-child-after-start", NULL, NULL);
+    cr_assert_eq(shim_run_printed_number(&run, "child_status"), 0, "%s%s", run.result.out,
+                 run.result.err);
+    cr_assert_eq(shim_run_printed_number(&run, "child_registered"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "child_shim_calls"), 0, "%s", run.result.out);
+    cr_assert_eq(shim_run_printed_number(&run, "child_munlock"), 0);
+    cr_assert_eq(shim_run_printed_number(&run, "registered"), 1);
+    shim_run_free(&run);
+}

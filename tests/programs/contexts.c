@@ -28,6 +28,12 @@
  *                            child initialises CUDA; then the parent does
  *   chunks                   a 200 GiB reservation locked on fault and
  *                            registered (PINSHIM_ONFAULT=all) in chunks
+ *   capture-beside-lock      a thread captures a graph (global mode) while
+ *                            main, then a thread with no context, lock
+ *                            memory and main unlocks some; then the capture
+ *                            ends
+ *   fork-child-after-start   the parent starts CUDA and locks nothing; a
+ *                            forked child locks; what the shim called there
  *   pinned-at-return         main chose device 2; what is registered, and
  *                            where, the moment mlock, mlock2 and
  *                            mmap(MAP_LOCKED) return, in main and in a worker
@@ -666,6 +672,110 @@ static int pinned_at_return(void)
     return 0;
 }
 
+/* ---- capture-beside-lock ---- */
+
+static pthread_mutex_t capture_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t capture_cond = PTHREAD_COND_INITIALIZER;
+static int capture_step;    /* 1: capturing; 2: the locks are done */
+static char capture_stream; /* any non-NULL address is a stream to the double */
+
+static void capture_step_to(int step)
+{
+    pthread_mutex_lock(&capture_mutex);
+    capture_step = step;
+    pthread_cond_broadcast(&capture_cond);
+    pthread_mutex_unlock(&capture_mutex);
+}
+
+static void capture_wait_for(int step)
+{
+    pthread_mutex_lock(&capture_mutex);
+    while (capture_step < step)
+        pthread_cond_wait(&capture_cond, &capture_mutex);
+    pthread_mutex_unlock(&capture_mutex);
+}
+
+static void *capturer_main(void *argument)
+{
+    int *ended = argument;
+    if (cuda_set_device(0) != 0)
+        die("cudaSetDevice in the capturer");
+    int begun = ((int (*)(void *, int))runtime_symbol("cudaStreamBeginCapture"))(
+        &capture_stream, FAKE_CU_STREAM_CAPTURE_MODE_GLOBAL);
+    printf("capture_begin=%d\n", begun);
+    capture_step_to(1);
+    capture_wait_for(2);
+    void *graph = NULL;
+    ended[0] =
+        ((int (*)(void *, void **))runtime_symbol("cudaStreamEndCapture"))(&capture_stream, &graph);
+    ended[1] = graph != NULL;
+    return NULL;
+}
+
+static int capture_beside_lock(void)
+{
+    if (cuda_set_device(0) != 0 || cuda_free(NULL) != 0)
+        die("CUDA");
+    char *unlocked_during = locked_block(4 * MIB);
+    shim_drain();
+    int ended[2] = {-1, 0};
+    pthread_t capturer;
+    if (pthread_create(&capturer, NULL, capturer_main, ended) != 0)
+        die("pthread_create");
+    capture_wait_for(1);
+    char *block = locked_block(8 * MIB);
+    struct worker worker = {.set_device = -1};
+    run_worker(&worker);
+    printf("munlock=%d\n", munlock(unlocked_during, 4 * MIB));
+    shim_drain();
+    capture_step_to(2);
+    if (pthread_join(capturer, NULL) != 0)
+        die("pthread_join");
+    printf("capture_end=%d\ngraph=%d\n", ended[0], ended[1]);
+    printf("block_registered=%d\n", wait_registered(block));
+    printf("worker_registered=%d\n", wait_registered(worker.block));
+    printf("unlocked_registered=%d\n", registered_device(unlocked_during) >= 0);
+    printf("refusals=%llu\n",
+           (unsigned long long)DRIVER(fake_cuda_capture_refusals, uint64_t(*)(void))());
+    munlock(block, 8 * MIB);
+    free(block);
+    free(unlocked_during);
+    return 0;
+}
+
+/* ---- fork-child-after-start ---- */
+
+static int fork_child_after_start(void)
+{
+    if (cuda_free(NULL) != 0)
+        die("cudaFree");
+    fflush(stdout);
+    pid_t child = fork();
+    if (child < 0)
+        die("fork");
+    if (child == 0) {
+        /* The double counts afresh in a child (fake_cuda.h). */
+        char *block = locked_block(4 * MIB);
+        shim_drain();
+        unsigned long long calls = 0;
+        for (int which = 0; which < FAKE_CU_CALL_KIND_COUNT; which++)
+            calls += shim_calls(which);
+        printf("child_registered=%d\nchild_shim_calls=%llu\n", registered_device(block) >= 0,
+               calls);
+        printf("child_munlock=%d\n", munlock(block, 4 * MIB));
+        fflush(stdout);
+        _exit(0);
+    }
+    int status = 0;
+    printf("child_status=%d\n",
+           waitpid(child, &status, 0) == child && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    char *block = locked_block(4 * MIB);
+    printf("registered=%d\n", wait_registered(block));
+    munlock(block, 4 * MIB);
+    free(block);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -689,5 +799,9 @@ int main(int argc, char **argv)
         return chunks();
     if (strcmp(scenario, "pinned-at-return") == 0)
         return pinned_at_return();
+    if (strcmp(scenario, "capture-beside-lock") == 0)
+        return capture_beside_lock();
+    if (strcmp(scenario, "fork-child-after-start") == 0)
+        return fork_child_after_start();
     die("unknown scenario");
 }
