@@ -142,15 +142,9 @@ enum engine_choice accelerator_choose_place(void *context, bool from_worker,
     if (vendor != NULL)
         return vendor->choose_place(from_worker, hint, place);
     /* Program mode, no vendor yet: the first whose runtime the program has
-     * started, asked without starting any; the watcher also looks for
-     * starts no definition of the shim's saw. */
+     * started, asked without starting any. */
     for (size_t i = 0; i < candidate_count; i++) {
         enum vendor_state now = candidates[i]->state();
-        if (now == VENDOR_NOT_STARTED && from_worker && !fork_child &&
-            candidates[i]->look_for_start != NULL) {
-            candidates[i]->look_for_start();
-            now = candidates[i]->state();
-        }
         if (now != VENDOR_STARTED)
             continue;
         enum engine_choice choice = candidates[i]->choose_place(from_worker, hint, place);
@@ -263,12 +257,18 @@ bool accelerator_runtime_loaded(void)
     return false;
 }
 
+static bool loaded_at_fork[VENDOR_COUNT];
+
 void accelerator_before_fork(void)
 {
     /* Every vendor's: a runtime the program started is unusable in the
-     * child, also one no registration had chosen yet. */
-    for (size_t i = 0; i < VENDOR_COUNT; i++)
+     * child, also one no registration had chosen yet, or one the shim never
+     * asked about: its library's presence is noted here (the loader's list,
+     * no call into a runtime) and the child reads the rest. */
+    for (size_t i = 0; i < VENDOR_COUNT; i++) {
         parent_started = parent_started || all_vendors[i]->seen_started();
+        loaded_at_fork[i] = loaded_objects_find(all_vendors[i]->fork_library, NULL, 0);
+    }
 }
 
 void accelerator_after_fork_child(void)
@@ -276,6 +276,10 @@ void accelerator_after_fork_child(void)
     fork_child = true;
     parent_started = parent_started || accelerator_vendor() != NULL ||
                      __atomic_load_n(&create_state, __ATOMIC_RELAXED) == CREATE_READY;
+    for (size_t i = 0; i < VENDOR_COUNT; i++)
+        parent_started =
+            parent_started || (loaded_at_fork[i] && (all_vendors[i]->started_before_fork == NULL ||
+                                                     all_vendors[i]->started_before_fork()));
     __atomic_store_n(&active, NULL, __ATOMIC_RELEASE);
     if (create_state == CREATE_READY)
         create_state = CREATE_NOT_TRIED;

@@ -13,6 +13,7 @@
 #define PINSHIM_VENDOR_H
 
 #include "engine.h"
+#include "loaded_objects.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -86,13 +87,15 @@ struct vendor {
      * seen: asked in a fork handler, where calling the runtime could wait
      * for a lock its own fork handler holds. */
     bool (*seen_started)(void);
-    /* Optional: looks, where that is safe, for a start of the runtime the
-     * vendor could not see happen (a call that bypassed the shim's
-     * definitions), and notes its outcome for state(). Called in program mode
-     * on the engine's watcher thread only, which holds no pages and no lock
-     * while it waits: the question may wait for a start another thread is
-     * still making. Never in a fork child. */
-    void (*look_for_start)(void);
+    /* The library whose presence at a fork says the parent may have started
+     * the runtime (loaded_objects.h; the parent's fork handler asks). */
+    enum loaded_library fork_library;
+    /* Optional: in a fork child whose parent had fork_library loaded,
+     * whether the parent had started the runtime, read from the state the
+     * child inherited, with no lock taken and no system call; NULL: the
+     * library's presence says so. A child never calls a runtime its parent
+     * started: the runtimes do not work across fork. */
+    bool (*started_before_fork)(void);
     /* In a fork child: locks a parent's thread held are free again. */
     void (*after_fork_child)(void);
     /* The process is exiting: the program's libraries' destructors have run

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 /* hipError_t values (hip/hip_runtime_api.h; checked against the header by
  * the tests' fake_hip_abi_check.c). */
@@ -62,7 +63,15 @@ _Static_assert(ENGINE_REGISTER_PORTABLE == HIP_REGISTER_PORTABLE &&
                    ENGINE_REGISTER_READ_ONLY == HIP_REGISTER_READ_ONLY,
                "the engine's register flags are HIP's");
 /* hsa_status_t and hsa_system_info_t values (hsa/hsa.h). */
-enum { HSA_SUCCESS = 0, HSA_NOT_INITIALIZED = 0x100B, HSA_INFO_VERSION_MAJOR = 0 };
+enum {
+    HSA_SUCCESS = 0,
+    HSA_NOT_INITIALIZED = 0x100B,
+    HSA_INFO_VERSION_MAJOR = 0,
+    HSA_AGENT_INFO_DEVICE = 17,
+    HSA_DEVICE_TYPE_GPU = 1,
+};
+/* hipStreamCaptureMode: the relaxed mode (hip_runtime_api.h). */
+enum { HIP_CAPTURE_MODE_RELAXED = 2 };
 /* hipMemoryType of host (pinned or registered) memory: ROCm 5 and 6 on. */
 enum { HIP5_MEMORY_TYPE_HOST = 0, HIP6_MEMORY_TYPE_HOST = 1 };
 
@@ -78,6 +87,9 @@ struct hip_api {
     int (*get_device_count)(int *count);
     int (*pointer_get_attributes)(void *attributes, const void *pointer);
     int (*hsa_system_get_info)(int attribute, void *value);
+    int (*hsa_iterate_agents)(int (*callback)(uint64_t agent, void *data), void *data);
+    int (*hsa_agent_get_info)(uint64_t agent, int attribute, void *value);
+    int (*exchange_capture_mode)(int *mode); /* optional: ROCm 5.2 on */
     void *handle;
     int major; /* HIP's major version, from hipRuntimeGetVersion (0: not asked yet) */
     char path[512];
@@ -88,7 +100,10 @@ static struct hip_api hip;
 static bool found;
 static pthread_mutex_t find_mutex = PTHREAD_MUTEX_INITIALIZER;
 static bool seen_open; /* HSA answered open once: HIP was started */
-static bool created;   /* create mode: the shim loaded and started HIP */
+/* HSA open with no GPU agent: HIP's start failed (its device list is
+ * empty), which is final: the shim calls HIP no more. */
+static bool start_failed;
+static bool created; /* create mode: the shim loaded and started HIP */
 static bool exiting;
 static char create_why[256];
 
@@ -119,7 +134,10 @@ static bool resolve_locked(void *handle)
         void *hsa = dlopen(hsa_path[0] != '\0' ? hsa_path : "libhsa-runtime64.so.1",
                            RTLD_NOW | RTLD_NOLOAD);
         *(void **)&api.hsa_system_get_info = symbol(hsa, "hsa_system_get_info");
+        *(void **)&api.hsa_iterate_agents = symbol(hsa, "hsa_iterate_agents");
+        *(void **)&api.hsa_agent_get_info = symbol(hsa, "hsa_agent_get_info");
     }
+    *(void **)&api.exchange_capture_mode = symbol(handle, "hipThreadExchangeStreamCaptureMode");
     if (api.host_register == NULL || api.host_unregister == NULL || api.get_last_error == NULL ||
         api.hsa_system_get_info == NULL)
         return false;
@@ -160,6 +178,36 @@ static bool hsa_open(void)
     return status == HSA_SUCCESS;
 }
 
+static int count_gpu_agent(uint64_t agent, void *data)
+{
+    int type = -1;
+    if (hip.hsa_agent_get_info(agent, HSA_AGENT_INFO_DEVICE, &type) == HSA_SUCCESS &&
+        type == HSA_DEVICE_TYPE_GPU)
+        ++*(int *)data;
+    return HSA_SUCCESS;
+}
+
+/* Once HSA is open: whether it has a GPU agent, asked once (HSA's calls
+ * start nothing once it is open). None: HIP's start failed. */
+static bool has_gpu_agent(void)
+{
+    static int answer; /* 0 not asked, 1 yes, 2 no */
+    int known = __atomic_load_n(&answer, __ATOMIC_ACQUIRE);
+    if (known == 0) {
+        int gpus = 0;
+        bool asked = hip.hsa_iterate_agents != NULL && hip.hsa_agent_get_info != NULL &&
+                     hip.hsa_iterate_agents(count_gpu_agent, &gpus) == HSA_SUCCESS;
+        known = !asked || gpus > 0 ? 1 : 2;
+        __atomic_store_n(&answer, known, __ATOMIC_RELEASE);
+    }
+    return known == 1;
+}
+
+/* What the shim may do with HIP. Not started: HSA is closed (with no AMD
+ * GPU, ROCm 5.2.3's hsa_init fails with HSA_STATUS_ERROR_OUT_OF_RESOURCES
+ * and HSA stays closed: HIP's start failed, and every HIP call answers
+ * that failure; the shim makes none). HSA open without a GPU agent: HIP's
+ * start failed too; final. */
 static enum vendor_state state(void)
 {
     if (!find_loaded())
@@ -167,12 +215,20 @@ static enum vendor_state state(void)
                                                                 : VENDOR_ABSENT;
     if (__atomic_load_n(&exiting, __ATOMIC_RELAXED))
         return VENDOR_GONE;
-    return hsa_open() ? VENDOR_STARTED : VENDOR_NOT_STARTED;
+    if (__atomic_load_n(&start_failed, __ATOMIC_RELAXED) || !hsa_open())
+        return VENDOR_NOT_STARTED;
+    if (!has_gpu_agent()) {
+        if (!__atomic_exchange_n(&start_failed, true, __ATOMIC_RELAXED))
+            log_info("HIP: HSA is open with no GPU agent, so HIP's start failed: the shim calls "
+                     "HIP no more");
+        return VENDOR_NOT_STARTED;
+    }
+    return VENDOR_STARTED;
 }
 
 /* ---- the backend's own thread for HIP calls ---- */
 
-enum call_kind { CALL_REGISTER, CALL_UNREGISTER, CALL_IS_REGISTERED, CALL_VERSION, CALL_START };
+enum call_kind { CALL_REGISTER, CALL_UNREGISTER, CALL_ANY_REGISTERED, CALL_VERSION, CALL_START };
 
 struct call {
     enum call_kind kind;
@@ -209,9 +265,65 @@ static int is_registered_now(const void *base)
     return type == host ? 1 : 0;
 }
 
-static int perform(struct call *call)
+/* Whether any byte of [base, base + length) is registered: one question
+ * per page and one for the last byte. hipPointerGetAttributes finds the
+ * registration with the greatest base at or below the address that holds it
+ * (MemObjMap::FindMemObj), so a registration strictly inside the range is
+ * found at the first page boundary within it; one smaller than a page that
+ * begins and ends between two boundaries is not (the shim's hipHostRegister
+ * sees the program's own calls; only one through libamdhip64's own handle
+ * could be such). 1 yes, 0 no, -1 cannot tell. */
+static int any_registered_now(const void *base, size_t length)
+{
+    uintptr_t start = (uintptr_t)base, last = start + length - 1;
+    static uintptr_t page;
+    if (page == 0)
+        page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    int answer = is_registered_now(base);
+    for (uintptr_t at = (start | (page - 1)) + 1; answer == 0 && at <= last && at > start;
+         at += page)
+        answer = is_registered_now((const void *)at);
+    if (answer == 0 && last != start)
+        answer = is_registered_now((const void *)last);
+    return answer;
+}
+
+/* Stream capture: while a thread of the program captures a graph, CLR
+ * refuses hipHostRegister and hipHostUnregister (CHECK_STREAM_CAPTURE_
+ * SUPPORTED, hip_memory.cpp) from a thread in the global or thread-local
+ * mode with hipErrorStreamCaptureUnsupported, and from ROCm 6.2 marks the
+ * program's capture invalidated. A thread in the relaxed mode is never
+ * refused (ROCm 5.2 on; before, only a thread's own captures counted, and
+ * hipThreadExchangeStreamCaptureMode did not exist). The backend's thread
+ * takes the relaxed mode once; a program's thread (no backend thread) for
+ * the call only. */
+static _Thread_local bool thread_relaxed;
+
+static int relaxed_enter(bool own_thread)
+{
+    if (thread_relaxed || hip.exchange_capture_mode == NULL)
+        return -1;
+    int mode = HIP_CAPTURE_MODE_RELAXED;
+    if (hip.exchange_capture_mode(&mode) != HIP_SUCCESS) {
+        hip.get_last_error();
+        return -1;
+    }
+    thread_relaxed = own_thread;
+    return own_thread ? -1 : mode;
+}
+
+static void relaxed_leave(int previous)
+{
+    if (previous >= 0 && previous != HIP_CAPTURE_MODE_RELAXED)
+        hip.exchange_capture_mode(&previous);
+}
+
+static int perform(struct call *call, bool own_thread)
 {
     int result = HIP_SUCCESS;
+    int previous_mode = -1;
+    if (call->kind == CALL_REGISTER || call->kind == CALL_UNREGISTER)
+        previous_mode = relaxed_enter(own_thread);
     switch (call->kind) {
     case CALL_START: {
         int count = 0;
@@ -228,8 +340,8 @@ static int perform(struct call *call)
             result = 5;
         break;
     }
-    case CALL_IS_REGISTERED:
-        result = is_registered_now(call->base);
+    case CALL_ANY_REGISTERED:
+        result = any_registered_now(call->base, call->length);
         break;
     case CALL_REGISTER:
         result = hip.host_register(call->base, call->length, call->flags);
@@ -238,8 +350,9 @@ static int perform(struct call *call)
         result = hip.host_unregister(call->base);
         break;
     }
-    if (call->kind != CALL_VERSION && call->kind != CALL_IS_REGISTERED && result != HIP_SUCCESS)
+    if (call->kind != CALL_VERSION && call->kind != CALL_ANY_REGISTERED && result != HIP_SUCCESS)
         hip.get_last_error(); /* this thread's slot only */
+    relaxed_leave(previous_mode);
     return result;
 }
 
@@ -256,7 +369,7 @@ static void *call_thread(void *unused)
             pthread_cond_wait(&call_posted, &call_mutex);
         struct call *call = posted;
         pthread_mutex_unlock(&call_mutex);
-        call->result = perform(call);
+        call->result = perform(call, true);
         pthread_mutex_lock(&call_mutex);
         call->done = true;
         posted = NULL;
@@ -287,7 +400,7 @@ static int run_call(struct call *call)
     }
     if (thread_failed) {
         pthread_mutex_unlock(&call_mutex);
-        return perform(call);
+        return perform(call, false);
     }
     while (posted != NULL)
         pthread_cond_wait(&call_done, &call_mutex);
@@ -404,13 +517,11 @@ static struct engine_result register_range(struct range_place *place, void *base
     if (__atomic_load_n(&exiting, __ATOMIC_RELAXED))
         return engine_result_of(ENGINE_UNLOADING, HIP_ERROR_DEINITIALIZED);
     unsigned flags = place->register_flags & ~(unsigned)HIP_REGISTER_READ_ONLY;
-    if (version_major() < 7) {
-        /* No refusal of a second registration before ROCm 7: ask first. */
-        struct call ask = {.kind = CALL_IS_REGISTERED, .base = base};
-        struct call ask_end = {.kind = CALL_IS_REGISTERED, .base = (char *)base + length - 1};
-        if (run_call(&ask) == 1 || run_call(&ask_end) == 1)
-            return engine_result_of(ENGINE_ALREADY_REGISTERED, HIP_ERROR_ALREADY_REGISTERED);
-    }
+    /* Asked first in every version (the top of the file says why). */
+    version_major();
+    struct call ask = {.kind = CALL_ANY_REGISTERED, .base = base, .length = length};
+    if (run_call(&ask) == 1)
+        return engine_result_of(ENGINE_ALREADY_REGISTERED, HIP_ERROR_ALREADY_REGISTERED);
     struct call call = {.kind = CALL_REGISTER, .base = base, .length = length, .flags = flags};
     return outcome_of(run_call(&call));
 }
@@ -470,6 +581,17 @@ static bool seen_started(void)
     return __atomic_load_n(&seen_open, __ATOMIC_RELAXED) || created;
 }
 
+/* In a fork child: whether HSA was open in the parent. hsa_system_get_info's
+ * IS_OPEN check reads ROCr's runtime pointer and reference count, and the
+ * version is a constant: no lock, no system call (ROCr's hsa.cpp). */
+static bool started_before_fork(void)
+{
+    if (!__atomic_load_n(&found, __ATOMIC_ACQUIRE))
+        return true; /* loaded, never asked: taken as started */
+    unsigned short major = 0;
+    return hip.hsa_system_get_info(HSA_INFO_VERSION_MAJOR, &major) == HSA_SUCCESS;
+}
+
 static void after_fork_child(void)
 {
     /* The backend's thread is not in the child; HIP is unusable there. */
@@ -479,7 +601,7 @@ static void after_fork_child(void)
     pthread_cond_init(&call_done, NULL);
     posted = NULL;
     thread_started = thread_failed = false;
-    seen_open = created = false;
+    seen_open = created = start_failed = false;
 }
 
 /* HIP's teardown (its static destructors, then HSA's) runs before the
@@ -510,6 +632,8 @@ const struct vendor hip_vendor = {
     .code_name = code_name,
     .call_name = call_name,
     .seen_started = seen_started,
+    .fork_library = LOADED_HSA_RUNTIME,
+    .started_before_fork = started_before_fork,
     .after_fork_child = after_fork_child,
     .process_exiting = process_exiting,
     .describe = describe,

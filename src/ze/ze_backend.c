@@ -29,17 +29,17 @@
  * its table, so zeDriverGet jumps into unmapped code (Debian 12's 1.8.12
  * with Intel's driver: SIGSEGV), and later loaders with Intel's drivers
  * before 23.48 answer one driver whose handle is NULL, which crashes the
- * driver's next call. So the backend knows the start's outcome two ways:
- * the program's zeInit, seen by the shim's definition of it
- * (ze_interpose.c); and, for callers that bypass that definition (SYCL's
- * adapter links its own loader front end, which reaches the loader through
- * dlsym), zelLoaderGetVersions, which starts nothing and counts no component
- * until a zeInit has loaded a driver, then the backend's own zeInit, which
- * the loader answers once per process (call_once) with the first call's
- * result and does not pass to a driver whose start failed. That second way
- * runs on the engine's watcher thread only, which holds no pages while it
- * waits for a zeInit another thread may still be running, and never in a
- * fork child: the driver starts again in a new process. A start that failed
+ * driver's next call. So the backend knows a start's outcome one way only:
+ * the program's zeInit (or zeInitDrivers), seen by the shim's definition of
+ * it (ze_interpose.c). A start it does not see (SYCL's Level Zero adapter
+ * links the loader's front end statically and reaches the loader through
+ * dlsym) cannot be asked about: a zeInit of the shim's through the loader's
+ * own front end is no cached answer there (loader 1.8.12 loads the driver
+ * again; SYCL on Intel's driver with no device then crashed at exit when
+ * the shim asked from its thread), and every driver call may crash. Such a
+ * program's locks stay locked only in program mode; create mode starts
+ * Level Zero for the shim. The driver starts again in a fork child, which
+ * calls nothing its parent started. A start that failed
  * is final: the backend calls nothing more. The import has traps the backend avoids:
  * an import wholly inside another succeeds without a reference count, and
  * releasing any pointer inside an import drops the whole import, so the
@@ -99,7 +99,6 @@ static bool seen_started_flag, created, exiting;
  * backend's own): no call from here on. */
 static bool start_failed;
 /* The watcher asked the loader for the start's outcome (once). */
-static bool start_asked;
 /* In a fork child: only the child's own zeInit starts Level Zero for it. */
 static bool fork_child;
 static char why_none[256];
@@ -216,27 +215,6 @@ void ze_backend_note_start_failed(int code)
         __atomic_exchange_n(&start_failed, true, __ATOMIC_RELAXED))
         return;
     log_info("Level Zero: zeInit failed (%#x): the shim calls Level Zero no more", (unsigned)code);
-}
-
-/* For a start the backend did not see (a caller that bypasses the shim's
- * zeInit): whether one was made, from the loader's component count, then
- * its outcome, from the loader's cached answer to zeInit. The watcher's
- * question only (vendor.h; the top of the file says why). */
-static void look_for_start(void)
-{
-    if (__atomic_load_n(&start_failed, __ATOMIC_RELAXED) ||
-        __atomic_load_n(&fork_child, __ATOMIC_RELAXED) || ze.get_versions == NULL)
-        return;
-    size_t components = 0;
-    if (ze.get_versions(&components, NULL) != ZE_SUCCESS || components == 0)
-        return; /* no zeInit yet */
-    if (__atomic_exchange_n(&start_asked, true, __ATOMIC_ACQ_REL))
-        return;
-    int result = ze.init(ZE_INIT_GPU_ONLY);
-    if (result == ZE_SUCCESS)
-        ze_backend_note_started();
-    else
-        ze_backend_note_start_failed(result);
 }
 
 /* Whether a sanitizer's runtime is in the process: its dlopen ends the
@@ -430,12 +408,21 @@ static bool seen_started(void)
     return __atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED) || created;
 }
 
+/* In a fork child: whether the parent's loader had been started (its
+ * component list, which zelLoaderGetVersions reads without a lock). */
+static bool started_before_fork(void)
+{
+    if (!__atomic_load_n(&loader_found, __ATOMIC_ACQUIRE))
+        return true; /* loaded, never asked: taken as started */
+    return started_before_fork_locked();
+}
+
 /* A child calls no runtime it did not start itself: what the parent saw
  * and found is forgotten, the driver's handle with it. */
 static void after_fork_child(void)
 {
     pthread_mutex_init(&mutex, NULL);
-    seen_started_flag = created = start_failed = start_asked = false;
+    seen_started_flag = created = start_failed = false;
     fork_child = true;
     driver_state = DRIVER_NOT_LOOKED;
     ze.import_pointer = NULL;
@@ -473,7 +460,8 @@ const struct vendor ze_vendor = {
     .code_name = code_name,
     .call_name = call_name,
     .seen_started = seen_started,
-    .look_for_start = look_for_start,
+    .fork_library = LOADED_ZE_LOADER,
+    .started_before_fork = started_before_fork,
     .after_fork_child = after_fork_child,
     .process_exiting = process_exiting,
     .describe = describe,

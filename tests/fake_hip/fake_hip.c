@@ -51,23 +51,157 @@ static bool version_at_least(int major, int minor)
     return version_major > major || (version_major == major && version_minor >= minor);
 }
 
-/* hip::init, at the first call: starts the HSA runtime below. */
+/* hip::init, at the first call: starts the HSA runtime below (which, with
+ * no device, fails and stays closed: fake_hsa.c). */
 static void start(void)
 {
     hsa_init();
     started = true;
 }
 
-/* HIP_INIT_API: starts the runtime; hipErrorNoDevice with no device (from
- * ROCm 6). */
+/* HIP_INIT_API: starts the runtime; with no device every call answers the
+ * failed start: hipErrorNoDevice from ROCm 6, hipErrorInvalidDevice (101)
+ * before (ROCm 5.2.3 with no AMD GPU, run here: hipInit 101,
+ * hipHostRegister 101; hipGetDeviceCount 100, below). */
 static hipError_t enter(enum fake_hip_call kind, const void *caller)
 {
     pthread_once(&config_once, load_config);
     pthread_once(&start_once, start);
     fake_pins_count_call(kind, caller);
-    if (device_count <= 0 && version_at_least(6, 0))
-        return hipErrorNoDevice;
+    if (device_count <= 0)
+        return version_at_least(6, 0) ? hipErrorNoDevice : hipErrorInvalidDevice;
     return hipSuccess;
+}
+
+/* ---- stream capture (hip_graph.cpp, hip_internal.hpp) ---- */
+
+static hipError_t finish(hipError_t result);
+
+/* Captures in progress: stream, the mode it began in, the thread that
+ * began it, whether a refused call invalidated it. */
+enum { MAX_CAPTURES = 16 };
+static struct capture {
+    bool used, invalidated;
+    hipStream_t stream;
+    int mode;
+    const void *thread;
+} captures[MAX_CAPTURES];
+static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t capture_refusals;
+static _Thread_local int thread_capture_mode __attribute__((tls_model("initial-exec")));
+static _Thread_local char thread_marker __attribute__((tls_model("initial-exec")));
+
+/* CHECK_STREAM_CAPTURE_SUPPORTED, by version. Up to 5.1 the capture list
+ * is the thread's own (thread_local g_captureStreams) and only a capture
+ * not in the relaxed mode counts. 5.2 to 6.1: a thread in the global or
+ * thread-local mode is refused while it captures itself (not relaxed), one
+ * in the global mode also while any thread captures in the global mode
+ * (g_captureStreams). From 6.2 the same, and the refused call marks those
+ * captures invalidated (SetCaptureStatus). hipErrorStreamCaptureUnsupported. */
+static hipError_t capture_check(void)
+{
+    hipError_t error = hipSuccess;
+    pthread_mutex_lock(&capture_lock);
+    bool since_5_2 = version_at_least(5, 2);
+    for (int i = 0; i < MAX_CAPTURES; i++) {
+        struct capture *c = &captures[i];
+        if (!c->used || c->mode == hipStreamCaptureModeRelaxed)
+            continue;
+        bool own = c->thread == &thread_marker;
+        bool blocks;
+        if (!since_5_2)
+            blocks = own;
+        else if (thread_capture_mode == hipStreamCaptureModeRelaxed)
+            blocks = false;
+        else
+            blocks = own || (thread_capture_mode == hipStreamCaptureModeGlobal &&
+                             c->mode == hipStreamCaptureModeGlobal);
+        if (blocks) {
+            error = hipErrorStreamCaptureUnsupported;
+            if (version_at_least(6, 2))
+                c->invalidated = true;
+        }
+    }
+    if (error != hipSuccess)
+        capture_refusals++;
+    pthread_mutex_unlock(&capture_lock);
+    return error;
+}
+
+FAKE_EXPORT hipError_t hipThreadExchangeStreamCaptureMode(hipStreamCaptureMode *mode)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess &&
+        (mode == NULL || *mode < hipStreamCaptureModeGlobal || *mode > hipStreamCaptureModeRelaxed))
+        error = hipErrorInvalidValue;
+    if (error == hipSuccess) {
+        int previous = thread_capture_mode;
+        thread_capture_mode = *mode;
+        *mode = (hipStreamCaptureMode)previous;
+    }
+    return finish(error);
+}
+
+static bool stream_valid(hipStream_t stream);
+
+FAKE_EXPORT hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode mode)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess && (stream == NULL || !stream_valid(stream)))
+        error = stream == NULL ? hipErrorStreamCaptureUnsupported : hipErrorContextIsDestroyed;
+    if (error == hipSuccess &&
+        (mode < hipStreamCaptureModeGlobal || mode > hipStreamCaptureModeRelaxed))
+        error = hipErrorInvalidValue;
+    pthread_mutex_lock(&capture_lock);
+    struct capture *slot = NULL;
+    for (int i = 0; error == hipSuccess && i < MAX_CAPTURES; i++) {
+        if (captures[i].used && captures[i].stream == stream)
+            error = hipErrorIllegalState;
+        else if (!captures[i].used && slot == NULL)
+            slot = &captures[i];
+    }
+    if (error == hipSuccess && slot == NULL)
+        error = hipErrorOutOfMemory;
+    if (error == hipSuccess)
+        *slot = (struct capture){
+            .used = true, .stream = stream, .mode = mode, .thread = &thread_marker};
+    pthread_mutex_unlock(&capture_lock);
+    return finish(error);
+}
+
+/* An invalidated capture ends with hipErrorStreamCaptureInvalidated and no
+ * graph (hipStreamEndCapture_common); any other ends with a graph (here any
+ * non-NULL handle). */
+FAKE_EXPORT hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *graph)
+{
+    hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess && graph == NULL)
+        error = hipErrorInvalidValue;
+    pthread_mutex_lock(&capture_lock);
+    struct capture *capture = NULL;
+    for (int i = 0; error == hipSuccess && i < MAX_CAPTURES; i++)
+        if (captures[i].used && captures[i].stream == stream)
+            capture = &captures[i];
+    if (error == hipSuccess && capture == NULL)
+        error = hipErrorIllegalState;
+    if (error == hipSuccess && capture->mode != hipStreamCaptureModeRelaxed &&
+        capture->thread != &thread_marker)
+        error = hipErrorStreamCaptureWrongThread;
+    if (error == hipSuccess) {
+        error = capture->invalidated ? hipErrorStreamCaptureInvalidated : hipSuccess;
+        *graph = error == hipSuccess ? (hipGraph_t)(void *)capture : NULL;
+        capture->used = false;
+    }
+    pthread_mutex_unlock(&capture_lock);
+    return finish(error);
+}
+
+FAKE_EXPORT uint64_t fake_hip_capture_refusals(void)
+{
+    pthread_mutex_lock(&capture_lock);
+    uint64_t refusals = capture_refusals;
+    pthread_mutex_unlock(&capture_lock);
+    return refusals;
 }
 
 /* HIP_RETURN: the thread's last error (see fake_hip.h). */
@@ -116,6 +250,10 @@ FAKE_EXPORT hipError_t hipDriverGetVersion(int *version)
 FAKE_EXPORT hipError_t hipGetDeviceCount(int *count)
 {
     hipError_t error = enter(FAKE_HIP_CALL_GET_DEVICE_COUNT, FAKE_CALLER());
+    if (error != hipSuccess && device_count <= 0 && count != NULL) {
+        *count = 0; /* ROCm 5.2.3 with no GPU: hipErrorNoDevice and 0 */
+        return finish(hipErrorNoDevice);
+    }
     if (error != hipSuccess)
         return finish(error);
     if (count == NULL)
@@ -152,6 +290,8 @@ FAKE_EXPORT hipError_t hipDeviceSynchronize(void)
 FAKE_EXPORT hipError_t hipMalloc(void **pointer, size_t size)
 {
     hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess)
+        error = capture_check();
     if (error == hipSuccess && pointer == NULL)
         error = hipErrorInvalidValue;
     if (error != hipSuccess)
@@ -172,6 +312,8 @@ FAKE_EXPORT hipError_t hipMalloc(void **pointer, size_t size)
 FAKE_EXPORT hipError_t hipFree(void *pointer)
 {
     hipError_t error = enter(FAKE_HIP_CALL_OTHER, FAKE_CALLER());
+    if (error == hipSuccess)
+        error = capture_check();
     if (error != hipSuccess || pointer == NULL)
         return finish(error);
     fake_pins_lock();
@@ -200,6 +342,8 @@ FAKE_EXPORT hipError_t hipHostRegister(void *pointer, size_t size, unsigned int 
     hipError_t error = enter(FAKE_HIP_CALL_HOST_REGISTER, FAKE_CALLER());
     uintptr_t base = (uintptr_t)pointer;
     if (error == hipSuccess)
+        error = capture_check();
+    if (error == hipSuccess)
         error = check_register_arguments(pointer, size, flags);
     /* KFD pins a userptr for writing (amdgpu_amdkfd_gpuvm.c init_user_pages
      * sets no AMDGPU_GEM_USERPTR_READONLY), whatever the flags: HIP has no
@@ -208,7 +352,8 @@ FAKE_EXPORT hipError_t hipHostRegister(void *pointer, size_t size, unsigned int 
     fake_pins_lock();
     if (error == hipSuccess && fake_pins_injected_failure(false, (int *)&error)) {
         /* injected: error holds FAKE_GPU_FAIL_ERROR */
-    } else if (error == hipSuccess && version_at_least(7, 0) && fake_pins_containing(base) >= 0) {
+    } else if (error == hipSuccess && version_at_least(7, 3) &&
+               fake_pins_overlapping(base, size, &(size_t){0}) >= 0) {
         error = hipErrorHostMemoryAlreadyRegistered;
     } else if (error == hipSuccess && !pinnable) {
         error = version_at_least(5, 3) ? hipErrorInvalidValue : hipErrorOutOfMemory;
@@ -221,6 +366,15 @@ FAKE_EXPORT hipError_t hipHostRegister(void *pointer, size_t size, unsigned int 
         if (overlapping != 0)
             fake_pins_violation(FAKE_GPU_VIOLATION_REGISTER_OVERLAP, base, size);
         fake_pins_check_register(base, size);
+        if (same >= 0 && fake_pins_at(same)->base == base && !version_at_least(5, 2)) {
+            /* MemObjMap::AddMemObj up to 5.1: guarantee(false, ...) aborts. */
+            fake_pins_unlock();
+            static const char message[] = "fake_hip: Memobj map already has an entry for ptr "
+                                          "(a second hipHostRegister at the same base)\n";
+            ssize_t ignored = write(2, message, sizeof(message) - 1);
+            (void)ignored;
+            abort();
+        }
         if (same < 0 || fake_pins_at(same)->base != base) {
             long at;
             timed = fake_pins_insert_timed(base, size, flags, 0, &at);
@@ -240,6 +394,8 @@ FAKE_EXPORT hipError_t hipHostUnregister(void *pointer)
 {
     hipError_t error = enter(FAKE_HIP_CALL_HOST_UNREGISTER, FAKE_CALLER());
     uintptr_t base = (uintptr_t)pointer;
+    if (error == hipSuccess)
+        error = capture_check();
     if (error == hipSuccess && pointer == NULL && version_at_least(5, 6))
         error = hipErrorInvalidValue;
     fake_pins_lock();

@@ -10,11 +10,20 @@
  *    HSA_STATUS_ERROR_NOT_INITIALIZED (0x100B) while the runtime is closed;
  *    hsa_system_get_info with a NULL value: HSA_STATUS_ERROR_INVALID_ARGUMENT
  *    (IS_BAD_PTR). hsa_status_string has no IS_OPEN.
+ *  - With no GPU (FAKE_HIP_DEVICES=0) hsa_init fails with
+ *    HSA_STATUS_ERROR_OUT_OF_RESOURCES (0x1008) and the runtime stays
+ *    closed: ROCm 5.2.3's, run here without /dev/kfd. With
+ *    FAKE_HSA_OPEN_WITHOUT_GPU=1 it opens all the same with a CPU agent only
+ *    (a machine whose GPUs are hidden from ROCr), and HIP's start fails.
+ *  - hsa_iterate_agents: a CPU agent, then one GPU agent per device;
+ *    hsa_agent_get_info(HSA_AGENT_INFO_DEVICE) tells them apart.
  * Built against ROCm's own hsa/hsa.h (the Debian package the tests fetch). */
 #include <hsa/hsa.h>
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define FAKE_EXPORT __attribute__((visibility("default"), noinline))
 
@@ -22,10 +31,26 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned reference_count;
 static uint64_t init_calls;
 
+static int gpu_count(void)
+{
+    const char *devices = getenv("FAKE_HIP_DEVICES");
+    return devices != NULL && *devices ? atoi(devices) : 1;
+}
+
+static bool open_without_gpu(void)
+{
+    const char *open = getenv("FAKE_HSA_OPEN_WITHOUT_GPU");
+    return open != NULL && strcmp(open, "1") == 0;
+}
+
 FAKE_EXPORT hsa_status_t hsa_init(void)
 {
+    if (gpu_count() <= 0 && !open_without_gpu()) {
+        __atomic_add_fetch(&init_calls, 1, __ATOMIC_RELAXED);
+        return HSA_STATUS_ERROR_OUT_OF_RESOURCES;
+    }
     pthread_mutex_lock(&lock);
-    reference_count++;
+    __atomic_add_fetch(&reference_count, 1, __ATOMIC_RELEASE);
     init_calls++;
     pthread_mutex_unlock(&lock);
     return HSA_STATUS_SUCCESS;
@@ -36,7 +61,7 @@ FAKE_EXPORT hsa_status_t hsa_shut_down(void)
     pthread_mutex_lock(&lock);
     hsa_status_t status = HSA_STATUS_ERROR_NOT_INITIALIZED;
     if (reference_count > 0) {
-        reference_count--;
+        __atomic_sub_fetch(&reference_count, 1, __ATOMIC_RELEASE);
         status = HSA_STATUS_SUCCESS;
     }
     pthread_mutex_unlock(&lock);
@@ -45,10 +70,9 @@ FAKE_EXPORT hsa_status_t hsa_shut_down(void)
 
 FAKE_EXPORT hsa_status_t hsa_system_get_info(hsa_system_info_t attribute, void *value)
 {
-    pthread_mutex_lock(&lock);
-    bool open = reference_count > 0;
-    pthread_mutex_unlock(&lock);
-    if (!open)
+    /* IS_OPEN reads the runtime's count without a lock (the shim asks in a
+     * fork child): so does the double. */
+    if (__atomic_load_n(&reference_count, __ATOMIC_ACQUIRE) == 0)
         return HSA_STATUS_ERROR_NOT_INITIALIZED;
     if (value == NULL)
         return HSA_STATUS_ERROR_INVALID_ARGUMENT;
@@ -60,6 +84,38 @@ FAKE_EXPORT hsa_status_t hsa_system_get_info(hsa_system_info_t attribute, void *
     default:
         return HSA_STATUS_ERROR_INVALID_ARGUMENT;
     }
+}
+
+enum { CPU_AGENT = 0x1000, GPU_AGENT_BASE = 0x2000 };
+
+FAKE_EXPORT hsa_status_t hsa_iterate_agents(hsa_status_t (*callback)(hsa_agent_t agent, void *data),
+                                            void *data)
+{
+    if (__atomic_load_n(&reference_count, __ATOMIC_ACQUIRE) == 0)
+        return HSA_STATUS_ERROR_NOT_INITIALIZED;
+    if (callback == NULL)
+        return HSA_STATUS_ERROR_INVALID_ARGUMENT;
+    int gpus = open_without_gpu() ? 0 : gpu_count();
+    hsa_status_t status = callback((hsa_agent_t){CPU_AGENT}, data);
+    for (int i = 0; status == HSA_STATUS_SUCCESS && i < gpus; i++)
+        status = callback((hsa_agent_t){GPU_AGENT_BASE + (uint64_t)i}, data);
+    return status == HSA_STATUS_INFO_BREAK ? HSA_STATUS_SUCCESS : status;
+}
+
+FAKE_EXPORT hsa_status_t hsa_agent_get_info(hsa_agent_t agent, hsa_agent_info_t attribute,
+                                            void *value)
+{
+    if (__atomic_load_n(&reference_count, __ATOMIC_ACQUIRE) == 0)
+        return HSA_STATUS_ERROR_NOT_INITIALIZED;
+    if (value == NULL)
+        return HSA_STATUS_ERROR_INVALID_ARGUMENT;
+    if (agent.handle != CPU_AGENT && agent.handle < GPU_AGENT_BASE)
+        return HSA_STATUS_ERROR_INVALID_AGENT;
+    if (attribute != HSA_AGENT_INFO_DEVICE)
+        return HSA_STATUS_ERROR_INVALID_ARGUMENT;
+    *(hsa_device_type_t *)value =
+        agent.handle == CPU_AGENT ? HSA_DEVICE_TYPE_CPU : HSA_DEVICE_TYPE_GPU;
+    return HSA_STATUS_SUCCESS;
 }
 
 FAKE_EXPORT hsa_status_t hsa_status_string(hsa_status_t status, const char **status_string)
