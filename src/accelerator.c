@@ -171,13 +171,13 @@ struct engine_result accelerator_register(void *context, struct range_place *pla
 }
 
 struct engine_result accelerator_unregister(void *context, const struct range_place *place,
-                                            void *base)
+                                            void *base, size_t length)
 {
     (void)context;
     const struct vendor *vendor = accelerator_vendor();
     if (vendor == NULL)
         return engine_result_of(ENGINE_NOT_REGISTERED, 0);
-    return vendor->unregister_range(place, base);
+    return vendor->unregister_range(place, base, length);
 }
 
 bool accelerator_thread_place(void *context, struct range_place *place)

@@ -45,7 +45,7 @@ enum engine_choice accelerator_choose_place(void *context, bool from_worker,
 struct engine_result accelerator_register(void *context, struct range_place *place, void *base,
                                           size_t length);
 struct engine_result accelerator_unregister(void *context, const struct range_place *place,
-                                            void *base);
+                                            void *base, size_t length);
 bool accelerator_thread_place(void *context, struct range_place *place);
 bool accelerator_read_only_supported(void *context, const struct range_place *place);
 int accelerator_device_node(void *context, const struct range_place *place);

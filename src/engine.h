@@ -101,8 +101,10 @@ struct engine_backend {
      * the backend chose it (the runtime's). */
     struct engine_result (*register_range)(void *context, struct range_place *place, void *base,
                                            size_t length);
+    /* length: the registration's, as registered (a backend may check that
+     * what it is about to release is still the registration it made). */
     struct engine_result (*unregister_range)(void *context, const struct range_place *place,
-                                             void *base);
+                                             void *base, size_t length);
     /* Optional: the context current on the calling thread, as a place (its
      * device, and the context unless it is that device's primary one); false
      * when the thread has none or it cannot be told. A program's

@@ -388,7 +388,7 @@ struct engine_result engine_unregister_record_locked(struct engine *engine, uint
     if (engine->backend->registered != NULL)
         engine->backend->registered(engine->backend->context, base, base + length, false);
     struct engine_result result =
-        engine->backend->unregister_range(engine->backend->context, &place, (void *)base);
+        engine->backend->unregister_range(engine->backend->context, &place, (void *)base, length);
     int error = result.code;
     uint64_t took = now_nanoseconds() - began;
     trace_end(traced);

@@ -246,10 +246,10 @@ static struct engine_result backend_register(void *context, struct range_place *
 }
 
 static struct engine_result backend_unregister(void *context, const struct range_place *place,
-                                               void *base)
+                                               void *base, size_t length)
 {
     reentry_guard_enter();
-    struct engine_result result = accelerator_unregister(context, place, base);
+    struct engine_result result = accelerator_unregister(context, place, base, length);
     reentry_guard_leave();
     return result;
 }

@@ -72,7 +72,8 @@ struct vendor {
      * goes to; false when it cannot be told. */
     bool (*thread_place)(struct range_place *place);
     struct engine_result (*register_range)(struct range_place *place, void *base, size_t length);
-    struct engine_result (*unregister_range)(const struct range_place *place, void *base);
+    struct engine_result (*unregister_range)(const struct range_place *place, void *base,
+                                             size_t length);
     /* Whether place's device takes read-only registrations; asked once per device. */
     bool (*read_only_supported)(const struct range_place *place);
     /* Optional: the NUMA node nearest place's device (-1: unknown); asked

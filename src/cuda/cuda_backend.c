@@ -197,8 +197,10 @@ static struct engine_result register_range(struct range_place *place, void *base
     return outcome_of(error);
 }
 
-static struct engine_result unregister_range(const struct range_place *place, void *base)
+static struct engine_result unregister_range(const struct range_place *place, void *base,
+                                             size_t length)
 {
+    (void)length;
     if (!settings.create_mode)
         return outcome_of(cuda_driver_unregister(&driver, place, base));
     int capture_mode = runtime_capture_relaxed_enter();

@@ -526,8 +526,10 @@ static struct engine_result register_range(struct range_place *place, void *base
     return outcome_of(run_call(&call));
 }
 
-static struct engine_result unregister_range(const struct range_place *place, void *base)
+static struct engine_result unregister_range(const struct range_place *place, void *base,
+                                             size_t length)
 {
+    (void)length;
     (void)place;
     if (__atomic_load_n(&exiting, __ATOMIC_RELAXED))
         return engine_result_of(ENGINE_UNLOADING, HIP_ERROR_DEINITIALIZED);

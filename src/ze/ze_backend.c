@@ -209,6 +209,19 @@ void ze_backend_note_started(void)
     __atomic_store_n(&seen_started_flag, true, __ATOMIC_RELAXED);
 }
 
+bool ze_backend_is_shim_driver(void *driver)
+{
+    if (driver == NULL || !find_loaded())
+        return false;
+    pthread_mutex_lock(&mutex);
+    if (!settings.create_mode && __atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED) &&
+        !__atomic_load_n(&start_failed, __ATOMIC_RELAXED) && !fork_child)
+        look_for_driver_locked(false);
+    bool same = driver_state == DRIVER_READY && driver == ze.driver;
+    pthread_mutex_unlock(&mutex);
+    return same;
+}
+
 void ze_backend_note_start_failed(int code)
 {
     if (__atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED) ||
@@ -328,13 +341,20 @@ static struct engine_result outcome_of(int code)
     }
 }
 
-/* Whether an import covers pointer (base found), asked where the driver
- * can answer. */
-static bool imported_at(void *pointer)
+/* The base of the import that holds pointer, or NULL: none, or the driver
+ * cannot tell (no zexDriverGetHostPointerBaseAddress). The base is preset:
+ * a driver that answers success without writing it leaves NULL. */
+static void *import_base_at(void *pointer)
 {
     void *base = NULL;
-    return ze.base_address != NULL && ze.base_address(ze.driver, pointer, &base) == ZE_SUCCESS &&
-           base != NULL;
+    if (ze.base_address == NULL || ze.base_address(ze.driver, pointer, &base) != ZE_SUCCESS)
+        return NULL;
+    return base;
+}
+
+static bool imported_at(void *pointer)
+{
+    return import_base_at(pointer) != NULL;
 }
 
 static struct engine_result register_range(struct range_place *place, void *base, size_t length)
@@ -350,12 +370,28 @@ static struct engine_result register_range(struct range_place *place, void *base
     return outcome_of(ze.import_pointer(ze.driver, base, length));
 }
 
-static struct engine_result unregister_range(const struct range_place *place, void *base)
+static struct engine_result unregister_range(const struct range_place *place, void *base,
+                                             size_t length)
 {
     if (__atomic_load_n(&exiting, __ATOMIC_RELAXED))
         return engine_result_of(ENGINE_UNLOADING, ZE_ERROR_UNINITIALIZED);
     if ((void *)place->context != ze.driver)
         return engine_result_of(ENGINE_NOT_REGISTERED, 0);
+    /* The import may be gone without a word: SYCL's Level Zero adapter
+     * reaches the driver through a loader front end of its own (intel/llvm
+     * #17699), so its release_from_device_copy of a pointer inside the
+     * shim's import drops the whole import (compute-runtime's
+     * host_pointer_manager.cpp) without passing through ze_interpose.c, and
+     * its next prepare_for_device_copy may import there for itself. So the
+     * driver is asked first: an import that no longer spans what the shim
+     * imported is not the shim's to release (counted as gone). */
+    if (ze.base_address != NULL &&
+        (import_base_at(base) != base || import_base_at((char *)base + length - 1) != base)) {
+        log_info("Level Zero: the import at %p is gone (released through a path the shim does "
+                 "not see, as SYCL's release_from_device_copy does): not released",
+                 base);
+        return engine_result_of(ENGINE_NOT_REGISTERED, 0);
+    }
     int code = ze.release_pointer(ze.driver, base);
     /* A pointer no import holds: gone, released by the program. */
     if (code == ZE_ERROR_INVALID_ARGUMENT)

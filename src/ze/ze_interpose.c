@@ -97,6 +97,16 @@ static bool shim_handles(void)
     return handles;
 }
 
+/* Ownership follows the driver: an import on a driver that is not the
+ * shim's never touches the shim's imports, nor they it. */
+static bool shim_driver(void *driver)
+{
+    reentry_guard_enter();
+    bool same = ze_backend_is_shim_driver(driver);
+    reentry_guard_leave();
+    return same;
+}
+
 struct import_call {
     import_fn next;
     void *driver, *pointer;
@@ -127,7 +137,7 @@ static int shim_import_pointer(void *driver, void *pointer, size_t bytes)
     real_functions(driver, &next, &unused);
     if (next == NULL)
         return ZE_ERROR_UNINITIALIZED_CODE;
-    if (!shim_handles())
+    if (!shim_handles() || !shim_driver(driver))
         return next(driver, pointer, bytes);
     runtime_notice_gpu();
     struct import_call arguments = {next, driver, pointer, bytes};
@@ -147,7 +157,7 @@ static int shim_release_pointer(void *driver, void *pointer)
     real_functions(driver, &unused, &next);
     if (next == NULL)
         return ZE_ERROR_UNINITIALIZED_CODE;
-    if (!shim_handles())
+    if (!shim_handles() || !shim_driver(driver))
         return next(driver, pointer);
     if (engine_is_shim_registration(&runtime_engine, (uintptr_t)pointer))
         return next(driver, &never_imported); /* not the program's: as without the shim */

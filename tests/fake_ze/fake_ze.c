@@ -42,6 +42,7 @@ struct loader_driver {
 static struct driver drivers[MAX_DRIVERS];
 static struct loader_driver loader_drivers[MAX_DRIVERS];
 static unsigned driver_count = 1;
+static unsigned import_driver_count = 1; /* the first ones offer the import */
 static bool import_enabled = true;
 
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
@@ -63,6 +64,11 @@ static void load_config(void)
         driver_count = (unsigned)atoi(count);
     if (driver_count > MAX_DRIVERS)
         driver_count = MAX_DRIVERS;
+    const char *importers = getenv("FAKE_ZE_IMPORT_DRIVERS");
+    if (importers != NULL && *importers)
+        import_driver_count = (unsigned)atoi(importers);
+    if (import_driver_count > driver_count)
+        driver_count = import_driver_count;
     const char *import = getenv("FAKE_ZE_IMPORT");
     import_enabled = import == NULL || strcmp(import, "0") != 0;
     const char *start = getenv("FAKE_ZE_START");
@@ -70,7 +76,7 @@ static void load_config(void)
     const char *keeps = getenv("FAKE_ZE_LOADER_KEEPS_DRIVERS");
     keeps_failed_drivers = keeps != NULL && strcmp(keeps, "1") == 0;
     for (unsigned i = 0; i < MAX_DRIVERS; i++) {
-        drivers[i] = (struct driver){DRIVER_MAGIC, i, i == 0};
+        drivers[i] = (struct driver){DRIVER_MAGIC, i, i < import_driver_count};
         loader_drivers[i] = (struct loader_driver){LOADER_MAGIC, &drivers[i]};
     }
     fake_pins_configure(ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY);
@@ -245,14 +251,43 @@ static struct driver *called_driver(ze_driver_handle_t handle)
     return driver;
 }
 
-/* MapBasedAllocationTracker::get: the greatest base at or below, checked. */
+/* MapBasedAllocationTracker::get: the greatest base at or below, checked;
+ * each driver has its own tracker (one table here, entries tagged by
+ * driver: a scan when several drivers import). */
 static long import_at(struct driver *driver, uintptr_t address)
 {
-    long at = fake_pins_containing(address);
-    return at >= 0 && fake_pins_at(at)->tag == (uintptr_t)driver &&
-                   fake_pins_at(at)->state != FAKE_PINS_REGISTERING
-               ? at
-               : -1;
+    if (import_driver_count <= 1) {
+        long at = fake_pins_containing(address);
+        return at >= 0 && fake_pins_at(at)->tag == (uintptr_t)driver &&
+                       fake_pins_at(at)->state != FAKE_PINS_REGISTERING
+                   ? at
+                   : -1;
+    }
+    long floor = -1;
+    for (size_t i = 0; i < fake_pins_count() && fake_pins_at((long)i)->base <= address; i++)
+        if (fake_pins_at((long)i)->tag == (uintptr_t)driver)
+            floor = (long)i;
+    if (floor < 0 || fake_pins_at(floor)->state == FAKE_PINS_REGISTERING)
+        return -1;
+    const struct fake_pins_entry *entry = fake_pins_at(floor);
+    return address - entry->base < entry->size ? floor : -1;
+}
+
+/* How many of driver's imports overlap [base, base + size). */
+static size_t imports_overlapping(struct driver *driver, uintptr_t base, size_t size)
+{
+    size_t covered = 0;
+    if (import_driver_count <= 1) {
+        fake_pins_overlapping(base, size, &covered);
+        return covered;
+    }
+    for (size_t i = 0; i < fake_pins_count(); i++) {
+        const struct fake_pins_entry *entry = fake_pins_at((long)i);
+        if (entry->tag == (uintptr_t)driver && entry->base < base + size &&
+            base < entry->base + entry->size)
+            covered++;
+    }
+    return covered;
 }
 
 __attribute__((noinline)) static ze_result_t zex_import(ze_driver_handle_t handle, void *pointer,
@@ -286,9 +321,7 @@ __attribute__((noinline)) static ze_result_t zex_import(ze_driver_handle_t handl
     } else if (!pinnable) {
         result = ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
     } else {
-        size_t covered = 0;
-        fake_pins_overlapping(base, size, &covered);
-        if (covered != 0)
+        if (imports_overlapping(driver, base, size) != 0)
             fake_pins_violation(FAKE_GPU_VIOLATION_REGISTER_OVERLAP, base, size);
         fake_pins_check_register(base, size);
         long at;

@@ -108,7 +108,9 @@
  *    PINNED when every host end is imported, STAGED when one is pageable,
  *    DEVICE for two device ends, REFUSED for an error.
  *  - FAKE_ZE_DRIVERS=N drivers (default 1); only driver 0 offers the import
- *    (the GPU's; others are, say, an NPU's).
+ *    (the GPU's; others are, say, an NPU's), or the first M with
+ *    FAKE_ZE_IMPORT_DRIVERS=M (M drivers at least), each with imports of its own (a driver's
+ *    lookups and release see its own imports only).
  *  - Built with FAKE_ZE_LOADER_1_15_7 (tests/fake_ze/v1_15_7/, the file
  *    libze_loader.so.1.15.7): loader 1.15.7, whose zeDriverGet and other
  *    entry points crash (SIGSEGV) before zeInit (the table pointer it reads

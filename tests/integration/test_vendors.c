@@ -41,8 +41,14 @@ static void run_case(struct shim_run *run, const struct vendor_case *c, bool wit
     char check[32];
     snprintf(check, sizeof(check), "FAKE_GPU_CHECK=%s",
              outer_check != NULL && *outer_check ? outer_check : "1");
-    const char *defaults[] = {"PINSHIM_CUDART=",  "PINSHIM_LOG=",    check, "FAKE_GPU_LOG=",
-                              "FAKE_ZE_DRIVERS=", "FAKE_ZE_IMPORT=", NULL};
+    const char *defaults[] = {"PINSHIM_CUDART=",
+                              "PINSHIM_LOG=",
+                              check,
+                              "FAKE_GPU_LOG=",
+                              "FAKE_ZE_DRIVERS=",
+                              "FAKE_ZE_IMPORT=",
+                              "FAKE_ZE_IMPORT_DRIVERS=",
+                              NULL};
     const char *settings[] = {version, c->setting ? c->setting : "PINSHIM_VENDOR=", NULL};
     const char *argv[] = {shim_run_required_env(c->program), c->scenario, NULL};
     shim_run(run, argv, with_shim, defaults, settings);
@@ -575,6 +581,76 @@ ParameterizedTest(const int *index, vendors, ze_failed_start_is_final)
     cr_assert_eq(printed(&with, "shim_extension_calls"), 0, "%s", with.result.out);
     /* The program's zeInit only: the shim calls none in program mode. */
     cr_assert_eq(printed(&with, "init_calls"), 1, "%s", with.result.out);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* SYCL's Level Zero adapter reaches the driver through a loader of its own
+ * (the program's unseen functions stand for it): its prepare_for_device_copy
+ * inside the shim's import is a no-op and its release_from_device_copy
+ * drops the shim's whole import. At the next operation on the range (here
+ * the rest of the buffer locked, which joins it) the shim finds its import
+ * gone, releases nothing, counts it, and imports the memory again: the
+ * program no longer holds it and it is still locked. */
+Test(vendors, ze_import_dropped_by_sycl_is_noticed_and_made_again)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "sycl_dropped", NULL, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "prepare"), 0);
+    cr_assert_eq(printed(&with, "release"), 0);
+    cr_assert_eq(printed(&with, "imported_between"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "registered_after"), 1, "%s%s", with.result.out, with.result.err);
+    cr_assert_eq(printed(&with, "imported_after"), 1, "imported again, whole: %s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_after_munlock"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "shim_release_calls"), 1, "only its own import: %s",
+                 with.result.out);
+    cr_assert_eq(printed(&with, "violations"), 0, "%s", with.result.out);
+    cr_assert_eq(shim_run_stats_number(&with, "unregister", "failed"), 0, "%s", with.stats);
+    cr_assert_eq(shim_run_stats_number(&with, "unregister", "gone"), 1, "%s", with.stats);
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* The same drop, then the program imports at the buffer's base for itself
+ * (SYCL's next prepare_for_device_copy): when the shim's range is unlocked,
+ * the import at its base is the program's, and the shim leaves it. */
+Test(vendors, ze_program_import_at_the_shims_base_is_never_released)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "sycl_at_base", NULL, NULL};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "own_import"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "munlock_half"), 0);
+    cr_assert_eq(printed(&with, "own_import_kept"), 1, "the shim released the program's: %s",
+                 with.result.out);
+    cr_assert_eq(printed(&with, "own_release"), 0);
+    cr_assert_eq(printed(&with, "shim_release_calls"), 0, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "violations"), printed(&without, "violations"));
+    shim_run_free(&without);
+    shim_run_free(&with);
+}
+
+/* Two drivers that import: the program's import and release on driver 1
+ * leave the shim's import on driver 0 alone (ownership follows the driver). */
+Test(vendors, ze_import_on_another_driver_is_not_the_shims_business)
+{
+    struct shim_run without, with;
+    struct vendor_case c = {"ZE_PROGRAM", "other_driver", NULL, "FAKE_ZE_IMPORT_DRIVERS=2"};
+    run_both(&without, &with, &c);
+    cr_assert_eq(printed(&with, "registered"), 1, "%s%s", with.result.out, with.result.err);
+    cr_assert_eq(printed(&with, "other_import"), 0);
+    cr_assert_eq(printed(&with, "registered_beside"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_beside"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "other_release"), 0);
+    cr_assert_eq(printed(&with, "registered_after"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_after"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "imported_after_munlock"), 0);
+    cr_assert_eq(printed(&with, "shim_import_calls"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "shim_release_calls"), 1, "%s", with.result.out);
+    cr_assert_eq(printed(&with, "violations"), 0, "%s", with.result.out);
+    cr_assert_eq(shim_run_stats_number(&with, "program", "handed_over"), 0, "%s", with.stats);
     shim_run_free(&without);
     shim_run_free(&with);
 }

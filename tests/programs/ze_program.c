@@ -23,7 +23,18 @@
  *                 (dlsym), as SYCL's adapter with its own loader front end
  *                 does: no definition of the shim's sees it
  *   fork_child    zeInit, then a child locks a buffer of its own and says
- *                 what the shim did there; then the parent locks */
+ *                 what the shim did there; then the parent locks
+ *   sycl_dropped  the first half locked (the shim imports it); then what
+ *                 SYCL's prepare_for_device_copy and release_from_device_copy
+ *                 do inside it through their own loader (the unseen
+ *                 functions): an import inside (no-op), its release (drops
+ *                 the shim's whole import); then the second half is locked
+ *   sycl_at_base  the same drop, then the program imports 64 KiB at the
+ *                 buffer's base for itself, and the first half is unlocked
+ *   other_driver  with two drivers that import (FAKE_ZE_DRIVERS=2
+ *                 FAKE_ZE_IMPORT_DRIVERS=2): the buffer locked (the shim
+ *                 imports on driver 0), the program imports and releases it
+ *                 on driver 1 */
 #include <level_zero/loader/ze_loader.h>
 #include <level_zero/ze_api.h>
 
@@ -169,6 +180,71 @@ static void child_locks(unsigned char *buffer)
     free(buffer);
 }
 
+/* What SYCL's adapter does with the shim's import under it, then the next
+ * operation on the shim's range. */
+static void sycl_dropped(unsigned char *buffer, bool at_base)
+{
+    size_t half = BYTES / 2;
+    printf("start=%#x\n", start());
+    printf("mlock=%d\n", mlock(buffer, half));
+    printf("registered=%d\n", registered(buffer));
+    printf("prepare=%#x\n", unseen_import(own_driver, buffer + PART_OFFSET, PART_BYTES));
+    printf("release=%#x\n", unseen_release(own_driver, buffer + PART_OFFSET));
+    printf("imported_between=%d\n", imported_base(buffer) != 0);
+    if (at_base) {
+        printf("own_import=%#x\n", unseen_import(own_driver, buffer, PART_BYTES));
+        printf("munlock_half=%d\n", munlock(buffer, half));
+        printf("own_import_kept=%d\n", imported_base(buffer) == (uintptr_t)buffer);
+        printf("own_release=%#x\n", unseen_release(own_driver, buffer));
+    } else {
+        printf("mlock_rest=%d\n", mlock(buffer + half, half));
+        if (drain != NULL)
+            drain();
+        printf("registered_after=%d\n", registered(buffer + half));
+        printf("imported_after=%d\n", imported_base(buffer + half) == (uintptr_t)buffer);
+        printf("munlock=%d\n", munlock(buffer, BYTES));
+    }
+    printf("imported_after_munlock=%d\n", imported_base(buffer) != 0);
+    printf("shim_release_calls=%llu\n", (unsigned long long)calls_by(5, "libpinshim"));
+    printf("violations=%zu\n", violations());
+}
+
+/* The program's imports on driver 1 beside the shim's on driver 0. */
+static void other_driver(unsigned char *buffer)
+{
+    printf("start=%#x\n", start());
+    uint32_t count = 2;
+    ze_driver_handle_t handles[2] = {NULL, NULL};
+    ze_driver_handle_t second = NULL;
+    import_fn second_import = NULL;
+    release_fn second_release = NULL;
+    if (zeDriverGet(&count, handles) != ZE_RESULT_SUCCESS || count < 2 ||
+        zelLoaderTranslateHandle(ZEL_HANDLE_DRIVER, handles[1], (void **)&second) !=
+            ZE_RESULT_SUCCESS ||
+        zeDriverGetExtensionFunctionAddress(handles[1], "zexDriverImportExternalPointer",
+                                            (void **)&second_import) != ZE_RESULT_SUCCESS ||
+        zeDriverGetExtensionFunctionAddress(handles[1], "zexDriverReleaseImportedPointer",
+                                            (void **)&second_release) != ZE_RESULT_SUCCESS) {
+        printf("harness: no second driver that imports\n");
+        exit(3);
+    }
+    printf("mlock=%d\n", mlock(buffer, BYTES));
+    printf("registered=%d\n", registered(buffer));
+    printf("other_import=%#x\n", second_import(second, buffer, BYTES));
+    printf("registered_beside=%d\n", registered(buffer));
+    printf("imported_beside=%d\n", imported_base(buffer) == (uintptr_t)buffer);
+    printf("other_release=%#x\n", second_release(second, buffer));
+    if (drain != NULL)
+        drain();
+    printf("registered_after=%d\n", registered(buffer));
+    printf("imported_after=%d\n", imported_base(buffer) == (uintptr_t)buffer);
+    printf("munlock=%d\n", munlock(buffer, BYTES));
+    printf("imported_after_munlock=%d\n", imported_base(buffer) != 0);
+    printf("shim_import_calls=%llu\n", (unsigned long long)calls_by(4, "libpinshim"));
+    printf("shim_release_calls=%llu\n", (unsigned long long)calls_by(5, "libpinshim"));
+    printf("violations=%zu\n", violations());
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -190,6 +266,14 @@ int main(int argc, char **argv)
     }
     if (strcmp(scenario, "fork_child") == 0) {
         child_locks(buffer);
+        return 0;
+    }
+    if (strcmp(scenario, "sycl_dropped") == 0 || strcmp(scenario, "sycl_at_base") == 0) {
+        sycl_dropped(buffer, strcmp(scenario, "sycl_at_base") == 0);
+        return 0;
+    }
+    if (strcmp(scenario, "other_driver") == 0) {
+        other_driver(buffer);
         return 0;
     }
     if (strcmp(scenario, "deferred") == 0) {

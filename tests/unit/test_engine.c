@@ -153,8 +153,9 @@ out:
 }
 
 static struct engine_result mock_unregister(void *context, const struct range_place *place,
-                                            void *base)
+                                            void *base, size_t length)
 {
+    (void)length;
     return mock_result(mock_unregister_code(context, place, base));
 }
 

@@ -362,8 +362,9 @@ static int backend_unregister_code(void *context, const struct range_place *plac
 }
 
 static struct engine_result backend_unregister(void *context, const struct range_place *place,
-                                               void *base)
+                                               void *base, size_t length)
 {
+    (void)length;
     return mock_result(backend_unregister_code(context, place, base));
 }
 

@@ -96,8 +96,9 @@ static int unregister_range_code(void *context, const struct range_place *place,
 }
 
 static struct engine_result unregister_range(void *context, const struct range_place *place,
-                                             void *base)
+                                             void *base, size_t length)
 {
+    (void)length;
     return mock_result(unregister_range_code(context, place, base));
 }
 
