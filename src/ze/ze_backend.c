@@ -209,7 +209,7 @@ void ze_backend_note_started(void)
     __atomic_store_n(&seen_started_flag, true, __ATOMIC_RELAXED);
 }
 
-bool ze_backend_is_shim_driver(void *driver)
+bool ze_backend_is_shim_driver(const void *driver)
 {
     if (driver == NULL || !find_loaded())
         return false;

@@ -16,6 +16,6 @@ void ze_backend_note_start_failed(int code);
  * it) is the one the shim imports on: a program's import on another driver
  * is none of the shim's business. Looks for the shim's driver once the
  * program's start was seen; called with the reentrancy guard held. */
-bool ze_backend_is_shim_driver(void *driver);
+bool ze_backend_is_shim_driver(const void *driver);
 
 #endif
