@@ -22,11 +22,17 @@
  * hipExtHostRegisterCoarseGrained, which CLR honours since rocm-systems
  * #6278; CLR reports hostRegisterReadOnlySupported 0; and KFD pins every
  * userptr for writing. So the bit is never passed (it would change
- * coherence, not access) and read-only memory stays locked only. Before ROCm 7, CLR accepts a
- * second registration of registered memory (rocm-systems #7498 added the
- * refusal, hipErrorHostMemoryAlreadyRegistered); the backend then asks
- * hipPointerGetAttributes first, whose structure and memory-type numbers
- * changed in ROCm 6 (hipMemoryTypeHost: 0 before, 1 from 6). */
+ * coherence, not access) and read-only memory stays locked only.
+ *
+ * A second registration of registered memory: up to ROCm 5.1 one at the
+ * same base aborts the process (MemObjMap::AddMemObj's guarantee), from 5.2
+ * to 7.2 it is taken silently (the first kept; one at another base is
+ * added, and lookups between the two then fail), and rocm-systems #7498
+ * (merged 2026-06, in no release number the sources pin down) refuses any
+ * overlap with hipErrorHostMemoryAlreadyRegistered. So in every version the
+ * backend asks hipPointerGetAttributes about the whole range first (its
+ * structure and memory-type numbers changed in ROCm 6: hipMemoryTypeHost 0
+ * before, 1 from 6). */
 #include "loaded_objects.h"
 #include "log.h"
 #include "reentry_guard.h"
@@ -276,9 +282,7 @@ static int is_registered_now(const void *base)
 static int any_registered_now(const void *base, size_t length)
 {
     uintptr_t start = (uintptr_t)base, last = start + length - 1;
-    static uintptr_t page;
-    if (page == 0)
-        page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     int answer = is_registered_now(base);
     for (uintptr_t at = (start | (page - 1)) + 1; answer == 0 && at <= last && at > start;
          at += page)
