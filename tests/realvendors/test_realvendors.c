@@ -60,6 +60,10 @@ static void run_both(const char *program, const char *scenario, const char *dir,
     const char *argv[] = {shim_run_required_env(program), scenario, NULL};
     shim_run(without, argv, false, defaults, settings);
     shim_run(with, argv, true, defaults, settings);
+    cr_assert_eq(with->result.status, without->result.status,
+                 "%s %s (%s %s): exit status %d with the shim, %d without\n%s%s", program, scenario,
+                 modes[mode][0], modes[mode][1], with->result.status, without->result.status,
+                 with->result.out, with->result.err);
     for (size_t i = 0; keys[i] != NULL; i++) {
         char expected[256];
         snprintf(expected, sizeof(expected), "%s", shim_run_printed(without, keys[i]));
