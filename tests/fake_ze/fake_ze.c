@@ -159,7 +159,9 @@ FAKE_EXPORT ze_result_t zeInit(ze_init_flags_t flags)
  * before, none when no driver library is found): asks no driver. */
 FAKE_EXPORT ze_result_t zelLoaderGetVersions(size_t *count, zel_component_version_t *versions)
 {
-    enter(FAKE_ZE_CALL_OTHER, FAKE_CALLER());
+    /* Not counted: the count takes a lock, and the shim asks this in a fork
+     * child, where another thread of the parent may have held it. */
+    pthread_once(&config_once, load_config);
     if (count == NULL)
         return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
     /* The real one reads its vector without a lock (the shim asks in a
