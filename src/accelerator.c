@@ -48,6 +48,7 @@ void accelerator_configure(const struct accelerator_settings *given)
             .create_mode = settings.create_mode,
             .device = settings.device,
             .library = named ? settings.library : NULL,
+            .chosen = (size_t)settings.vendor == i + 1,
         };
         all_vendors[i]->configure(&vendor_settings);
     }

@@ -26,6 +26,8 @@ struct vendor_settings {
     /* Create mode: the runtime library asked for (a path or soname), or
      * NULL to search the vendor's usual names. */
     const char *library;
+    /* PINSHIM_VENDOR names this vendor (not auto): the user chose it. */
+    bool chosen;
 };
 
 /* What the program has done with the vendor's runtime, as far as can be

@@ -234,7 +234,9 @@ void ze_backend_note_start_failed(int code)
  * process when asked for RTLD_DEEPBIND (sanitizers issue 611), which Intel's
  * driver asks for libdxcore as it starts (compute-runtime 22.43, Debian 12).
  * A program under ASan that never starts Level Zero would die of the shim's
- * start in create mode. */
+ * start in create mode when PINSHIM_VENDOR=auto came to it (after CUDA found
+ * no driver); PINSHIM_VENDOR=ze, a user's own choice, starts it all the
+ * same. */
 static bool sanitizer_refuses_deepbind(void)
 {
     static const char *const runtimes[] = {"__asan_init", "__tsan_init", "__msan_init",
@@ -270,7 +272,7 @@ static bool create(char *why, size_t why_size)
                      "loaded");
         else if (!loader_found && !resolve_loader_locked(handle))
             snprintf(why_none, sizeof(why_none), "libze_loader lacks zeDriverGet");
-        else if (sanitizer_refuses_deepbind())
+        else if (!settings.chosen && sanitizer_refuses_deepbind())
             snprintf(why_none, sizeof(why_none),
                      "a sanitizer's runtime is in the process, and it ends a process whose "
                      "driver asks dlopen for RTLD_DEEPBIND (Intel's does as it starts): Level "

@@ -647,9 +647,12 @@ Test(vendors, ze_import_on_another_driver_is_not_the_shims_business)
     cr_assert_eq(printed(&with, "registered_after"), 1, "%s", with.result.out);
     cr_assert_eq(printed(&with, "imported_after"), 1, "%s", with.result.out);
     cr_assert_eq(printed(&with, "imported_after_munlock"), 0);
-    cr_assert_eq(printed(&with, "shim_import_calls"), 1, "%s", with.result.out);
-    cr_assert_eq(printed(&with, "shim_release_calls"), 1, "%s", with.result.out);
     cr_assert_eq(printed(&with, "violations"), 0, "%s", with.result.out);
+    /* The shim's own import and release, once each (the double's count by
+     * caller would also take the wrappers' forwarding of the program's
+     * calls, which a build may or may not make a tail call). */
+    cr_assert_eq(shim_run_stats_number(&with, "register", "ok"), 1, "%s", with.stats);
+    cr_assert_eq(shim_run_stats_number(&with, "unregister", "ok"), 1, "%s", with.stats);
     cr_assert_eq(shim_run_stats_number(&with, "program", "handed_over"), 0, "%s", with.stats);
     shim_run_free(&without);
     shim_run_free(&with);
