@@ -145,8 +145,7 @@ enum engine_choice accelerator_choose_place(void *context, bool from_worker,
     /* Program mode, no vendor yet: the first whose runtime the program has
      * started, asked without starting any. */
     for (size_t i = 0; i < candidate_count; i++) {
-        enum vendor_state now = candidates[i]->state();
-        if (now != VENDOR_STARTED)
+        if (candidates[i]->state() != VENDOR_STARTED)
             continue;
         enum engine_choice choice = candidates[i]->choose_place(from_worker, hint, place);
         if (choice != ENGINE_PLACE_READY)

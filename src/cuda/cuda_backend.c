@@ -170,30 +170,15 @@ static struct engine_result outcome_of(int code)
     }
 }
 
-/* Create mode's calls in the relaxed stream-capture mode, as the driver's
- * are (cuda_driver.c says why); returns the mode to give back, or -1. */
-static int runtime_capture_relaxed_enter(void)
-{
-    int mode = CUDA_DRIVER_CAPTURE_MODE_RELAXED;
-    if (runtime.exchange_capture_mode == NULL || runtime.exchange_capture_mode(&mode) != 0)
-        return -1;
-    return mode;
-}
-
-static void runtime_capture_relaxed_leave(int previous)
-{
-    if (previous >= 0 && previous != CUDA_DRIVER_CAPTURE_MODE_RELAXED)
-        runtime.exchange_capture_mode(&previous);
-}
-
 static struct engine_result register_range(struct range_place *place, void *base, size_t length)
 {
     if (!settings.create_mode)
         return outcome_of(
             cuda_driver_register(&driver, place, base, length, place->register_flags));
-    int capture_mode = runtime_capture_relaxed_enter();
+    /* In the relaxed capture mode, as the driver's calls are. */
+    int capture_mode = cuda_capture_relaxed_enter(runtime.exchange_capture_mode);
     int error = create_mode_register(place, base, length);
-    runtime_capture_relaxed_leave(capture_mode);
+    cuda_capture_relaxed_leave(runtime.exchange_capture_mode, capture_mode);
     return outcome_of(error);
 }
 
@@ -203,11 +188,11 @@ static struct engine_result unregister_range(const struct range_place *place, vo
     (void)length;
     if (!settings.create_mode)
         return outcome_of(cuda_driver_unregister(&driver, place, base));
-    int capture_mode = runtime_capture_relaxed_enter();
+    int capture_mode = cuda_capture_relaxed_enter(runtime.exchange_capture_mode);
     int error = runtime.host_unregister(base);
     if (error != 0)
         cuda_runtime_clear_last_error(&runtime);
-    runtime_capture_relaxed_leave(capture_mode);
+    cuda_capture_relaxed_leave(runtime.exchange_capture_mode, capture_mode);
     return outcome_of(error);
 }
 

@@ -289,20 +289,19 @@ static bool context_gone(int error)
  * own cudaHostRegister and cudaHostAlloc in the relaxed mode for that
  * reason (CUDAStreamCaptureModeGuard). The shim's calls run in the relaxed
  * mode, the thread's own mode given back after: a capture never sees them,
- * nor they it. Returns the mode to give back, or -1. */
-static int capture_relaxed_enter(struct cuda_driver *driver)
+ * nor they it. */
+int cuda_capture_relaxed_enter(int (*exchange)(int *mode))
 {
     int mode = CUDA_DRIVER_CAPTURE_MODE_RELAXED;
-    if (driver->exchange_capture_mode == NULL ||
-        driver->exchange_capture_mode(&mode) != CUDA_DRIVER_SUCCESS)
+    if (exchange == NULL || exchange(&mode) != CUDA_DRIVER_SUCCESS)
         return -1;
     return mode;
 }
 
-static void capture_relaxed_leave(struct cuda_driver *driver, int previous)
+void cuda_capture_relaxed_leave(int (*exchange)(int *mode), int previous)
 {
     if (previous >= 0 && previous != CUDA_DRIVER_CAPTURE_MODE_RELAXED)
-        driver->exchange_capture_mode(&previous);
+        exchange(&previous);
 }
 
 int cuda_driver_register(struct cuda_driver *driver, const struct range_place *place, void *base,
@@ -310,13 +309,13 @@ int cuda_driver_register(struct cuda_driver *driver, const struct range_place *p
 {
     if (!cuda_driver_find(driver))
         return CUDA_DRIVER_NO_CONTEXT;
-    int capture_mode = capture_relaxed_enter(driver);
+    int capture_mode = cuda_capture_relaxed_enter(driver->exchange_capture_mode);
     bool entered, retained;
     int error = enter_place(driver, place, &entered, &retained);
     if (error == CUDA_DRIVER_SUCCESS)
         error = driver->host_register(base, length, flags);
     leave_place(driver, place, entered, retained);
-    capture_relaxed_leave(driver, capture_mode);
+    cuda_capture_relaxed_leave(driver->exchange_capture_mode, capture_mode);
     return context_gone(error) ? CUDA_DRIVER_NO_CONTEXT : error;
 }
 
@@ -324,13 +323,13 @@ int cuda_driver_unregister(struct cuda_driver *driver, const struct range_place 
 {
     if (!cuda_driver_find(driver))
         return CUDA_DRIVER_NOT_REGISTERED;
-    int capture_mode = capture_relaxed_enter(driver);
+    int capture_mode = cuda_capture_relaxed_enter(driver->exchange_capture_mode);
     bool entered, retained;
     int error = enter_place(driver, place, &entered, &retained);
     if (error == CUDA_DRIVER_SUCCESS)
         error = driver->host_unregister(base);
     leave_place(driver, place, entered, retained);
-    capture_relaxed_leave(driver, capture_mode);
+    cuda_capture_relaxed_leave(driver->exchange_capture_mode, capture_mode);
     /* A context that is gone took its registrations with it. */
     return context_gone(error) ? CUDA_DRIVER_NOT_REGISTERED : error;
 }

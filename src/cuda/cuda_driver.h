@@ -58,6 +58,14 @@ struct cuda_driver {
     char path[512];
 };
 
+/* Stream capture (cuda_driver.c says why): sets the calling thread's
+ * capture mode to relaxed through exchange (the driver's
+ * cuThreadExchangeStreamCaptureMode or the runtime's
+ * cudaThreadExchangeStreamCaptureMode; NULL: there is none) and returns the
+ * mode to give back with cuda_capture_relaxed_leave, or -1. */
+int cuda_capture_relaxed_enter(int (*exchange)(int *mode));
+void cuda_capture_relaxed_leave(int (*exchange)(int *mode), int previous);
+
 /* Looks for a libcuda.so.1 the process has loaded; cheap when it is absent
  * (the loader's list, no system call: loaded_objects.h). True when it is
  * there with every entry point the shim uses. Safe to call again: a found
