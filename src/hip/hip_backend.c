@@ -521,7 +521,8 @@ static struct engine_result register_range(struct range_place *place, void *base
     if (__atomic_load_n(&exiting, __ATOMIC_RELAXED))
         return engine_result_of(ENGINE_UNLOADING, HIP_ERROR_DEINITIALIZED);
     unsigned flags = place->register_flags & ~(unsigned)HIP_REGISTER_READ_ONLY;
-    /* Asked first in every version (the top of the file says why). */
+    /* Asked first in every version (the top of the file says why); the
+     * answer's memory type is read by the version, known before the ask. */
     version_major();
     struct call ask = {.kind = CALL_ANY_REGISTERED, .base = base, .length = length};
     if (run_call(&ask) == 1)

@@ -95,10 +95,8 @@ enum driver_state { DRIVER_NOT_LOOKED = 0, DRIVER_READY, DRIVER_NONE };
 static int driver_state;
 static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
 static bool seen_started_flag, created, exiting;
-/* The start failed (the program's zeInit, or the loader's answer to the
- * backend's own): no call from here on. */
+/* The program's zeInit failed: no call from here on. */
 static bool start_failed;
-/* The watcher asked the loader for the start's outcome (once). */
 /* In a fork child: only the child's own zeInit starts Level Zero for it. */
 static bool fork_child;
 static char why_none[256];
@@ -247,13 +245,16 @@ static bool sanitizer_refuses_deepbind(void)
     return false;
 }
 
-/* Whether a zeInit ran before the fork (the loader's state is the
- * parent's): a child that started again would get the parent's answer from
- * the loader while the driver starts anew. Called with mutex held. */
-static bool started_before_fork_locked(void)
+/* In a fork child: whether a zeInit ran before the fork (the loader's
+ * state is the parent's), from its component list, which
+ * zelLoaderGetVersions reads without a lock. A child that started again
+ * would get the parent's answer from the loader while the driver starts
+ * anew. A loader never resolved, or without the question: taken as
+ * started. */
+static bool started_before_fork(void)
 {
     size_t components = 0;
-    return ze.get_versions == NULL ||
+    return !__atomic_load_n(&loader_found, __ATOMIC_ACQUIRE) || ze.get_versions == NULL ||
            (ze.get_versions(&components, NULL) == ZE_SUCCESS && components > 0);
 }
 
@@ -277,7 +278,7 @@ static bool create(char *why, size_t why_size)
                      "a sanitizer's runtime is in the process, and it ends a process whose "
                      "driver asks dlopen for RTLD_DEEPBIND (Intel's does as it starts): Level "
                      "Zero not started");
-        else if (fork_child && started_before_fork_locked())
+        else if (fork_child && started_before_fork())
             snprintf(why_none, sizeof(why_none),
                      "a fork child: Level Zero was started before the fork");
         else if (ze.init(ZE_INIT_GPU_ONLY) != ZE_SUCCESS)
@@ -444,15 +445,6 @@ static const char *call_name(bool unregister)
 static bool seen_started(void)
 {
     return __atomic_load_n(&seen_started_flag, __ATOMIC_RELAXED) || created;
-}
-
-/* In a fork child: whether the parent's loader had been started (its
- * component list, which zelLoaderGetVersions reads without a lock). */
-static bool started_before_fork(void)
-{
-    if (!__atomic_load_n(&loader_found, __ATOMIC_ACQUIRE))
-        return true; /* loaded, never asked: taken as started */
-    return started_before_fork_locked();
 }
 
 /* A child calls no runtime it did not start itself: what the parent saw

@@ -31,6 +31,8 @@
 #define __HIP_PLATFORM_AMD__
 #include <hip/hip_runtime_api.h>
 
+#include "fake_hip.h"
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -73,7 +75,7 @@ static int pinned(const void *pointer)
 static unsigned long long shim_calls(void)
 {
     unsigned long long calls = 0;
-    for (int kind = 0; kind < 8; kind++)
+    for (int kind = 0; kind < FAKE_HIP_CALL_KIND_COUNT; kind++)
         calls += calls_by(kind, "libpinshim");
     return calls;
 }

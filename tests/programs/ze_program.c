@@ -128,7 +128,6 @@ static void start_then_lock(unsigned char *buffer, bool unseen)
     }
     printf("start=%#x\n", (unsigned)init(ZE_INIT_FLAG_GPU_ONLY));
     printf("mlock=%d\n", mlock(buffer, BYTES));
-    /* The watcher looks at the waiting range once (and asks the loader). */
     printf("waiting=%zu\n", drain != NULL ? drain() : 0);
     printf("registered=%d\n", registered(buffer));
     printf("munlock=%d\n", munlock(buffer, BYTES));
