@@ -119,6 +119,55 @@ bool memory_map_find(uintptr_t addr, uintptr_t *start, uintptr_t *end)
     return true;
 }
 
+struct private_anonymous_state {
+    uintptr_t start, end;
+    void (*found)(void *context, uintptr_t part_start, uintptr_t part_end);
+    void *context;
+};
+
+/* "start-end rw-p 00000000 00:00 0    [heap]": after the range, the
+ * permissions, the offset, the device and the inode. */
+static bool private_anonymous_visit(void *opaque, const char *line, const char *line_end)
+{
+    struct private_anonymous_state *state = opaque;
+    uintptr_t low, high, ignored;
+    if (!parse_mapping_line(line, line_end, &low, &high))
+        return true;
+    if (low >= state->end)
+        return false;
+    const char *cursor = memchr(line, ' ', (size_t)(line_end - line));
+    if (high <= state->start || cursor == NULL || line_end - cursor < 6)
+        return true;
+    cursor++;
+    bool private_writable =
+        cursor[0] == 'r' && cursor[1] == 'w' && cursor[3] == 'p' && cursor[4] == ' ';
+    cursor += 5;
+    if (!private_writable || !parse_hex(&cursor, line_end, &ignored)) /* the offset */
+        return true;
+    while (cursor < line_end && *cursor == ' ')
+        cursor++;
+    while (cursor < line_end && *cursor != ' ') /* the device */
+        cursor++;
+    while (cursor < line_end && *cursor == ' ')
+        cursor++;
+    bool anonymous =
+        cursor < line_end && *cursor == '0' && (cursor + 1 == line_end || cursor[1] == ' ');
+    uintptr_t from = low > state->start ? low : state->start;
+    uintptr_t to = high < state->end ? high : state->end;
+    if (anonymous && from < to)
+        state->found(state->context, from, to);
+    return true;
+}
+
+bool memory_map_private_anonymous_parts(uintptr_t start, uintptr_t end,
+                                        void (*found)(void *context, uintptr_t part_start,
+                                                      uintptr_t part_end),
+                                        void *context)
+{
+    struct private_anonymous_state state = {start, end, found, context};
+    return for_each_line("/proc/self/maps", private_anonymous_visit, &state);
+}
+
 struct locked_state {
     uintptr_t start, end;
     uintptr_t mapping_low, mapping_high;

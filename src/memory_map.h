@@ -39,6 +39,14 @@ bool memory_map_kinds(uintptr_t start, uintptr_t end,
                                     enum memory_map_kind kind),
                       void *context);
 
+/* Calls found for each part of [start, end) that lies in a private,
+ * readable and writable, anonymous mapping ("rw-p", inode 0 in
+ * /proc/self/maps), in address order. False if the map cannot be read. */
+bool memory_map_private_anonymous_parts(uintptr_t start, uintptr_t end,
+                                        void (*found)(void *context, uintptr_t part_start,
+                                                      uintptr_t part_end),
+                                        void *context);
+
 /* Whether every page of [start, end) is mapped: msync(MS_ASYNC) checks the
  * mapping and, since Linux 2.6.19, does nothing else. errno is kept. */
 bool memory_map_is_mapped(uintptr_t start, uintptr_t end);
