@@ -42,11 +42,11 @@ bool block_extent_allocator_is_glibc(void)
     /* What hands out the blocks the program frees: first in the global scope
      * (the shim exports none of these). A non-PIE program's canonical PLT entry
      * is not libc's and fails the check: the call stays, nothing breaks. */
-    static const char *const allocating[] = {"malloc",   "calloc", "aligned_alloc",
-                                             "memalign", "valloc", "malloc_usable_size"};
+    static const char *const allocating[] = {"malloc", "calloc", "malloc_usable_size"};
     /* What the shim forwards to: the next definitions after it. */
-    static const char *const forwarded[] = {"free", "realloc", "posix_memalign",
-                                            "malloc_usable_size"};
+    static const char *const forwarded[] = {
+        "free",     "realloc", "posix_memalign",    "aligned_alloc",
+        "memalign", "valloc",  "malloc_usable_size"};
     const void *base = NULL;
     for (size_t i = 0; i < sizeof(allocating) / sizeof(allocating[0]); i++)
         if (!in_libc(dlsym(RTLD_DEFAULT, allocating[i]), &base))

@@ -376,6 +376,18 @@ struct engine_statistics {
     } numa_nodes[NUMA_PLACEMENT_MAX_NODES];
     uint64_t numa_remote_bytes, numa_unknown_bytes;
     int32_t device_nodes[ENGINE_MAX_DEVICES];
+    /* Huge pages (huge_pages.h), bumped with relaxed atomics: bytes of plain
+     * locks on huge pages, on small ones, and on pages of a size not
+     * learned when the lock returned; bytes of PMD-aligned chunks the shim
+     * made huge before a lock, left alone because they had pages, left small
+     * for want of free huge blocks, refused by the kernel, left small after
+     * a slow batch; allocations aligned to the PMD size; 1 once a slow batch
+     * stopped the shim's huge pages. The kernel's THP mode, written once. */
+    uint64_t huge_bytes, small_bytes, page_size_unknown_bytes;
+    uint64_t huge_made_bytes, huge_had_pages_bytes, huge_no_block_bytes;
+    uint64_t huge_refused_bytes, huge_stopped_bytes;
+    uint64_t huge_aligned_allocations, huge_backed_off;
+    char huge_pages_kernel[32];
 };
 
 struct engine {

@@ -38,6 +38,8 @@ typedef void (*free_fn)(void *);
 typedef void *(*realloc_fn)(void *, size_t);
 typedef void *(*reallocarray_fn)(void *, size_t, size_t);
 typedef int (*posix_memalign_fn)(void **, size_t, size_t);
+typedef void *(*memalign_fn)(size_t, size_t);
+typedef void *(*valloc_fn)(size_t);
 typedef size_t (*usable_size_fn)(void *);
 typedef int (*mlock_fn)(const void *, size_t);
 typedef int (*mlock2_fn)(const void *, size_t, unsigned int);
@@ -64,6 +66,9 @@ static struct {
     realloc_fn realloc;
     reallocarray_fn reallocarray;
     posix_memalign_fn posix_memalign;
+    memalign_fn aligned_alloc;
+    memalign_fn memalign;
+    valloc_fn valloc;
     usable_size_fn malloc_usable_size;
     mlock_fn mlock;
     mlock2_fn mlock2;
@@ -101,6 +106,9 @@ static void resolve_once_body(void)
     real.realloc = (realloc_fn)next_symbol("realloc");
     real.reallocarray = (reallocarray_fn)next_symbol("reallocarray");
     real.posix_memalign = (posix_memalign_fn)next_symbol("posix_memalign");
+    real.aligned_alloc = (memalign_fn)next_symbol("aligned_alloc");
+    real.memalign = (memalign_fn)next_symbol("memalign");
+    real.valloc = (valloc_fn)next_symbol("valloc");
     real.mlock = (mlock_fn)next_symbol("mlock");
     real.mlock2 = (mlock2_fn)next_symbol("mlock2");
     real.munlock = (munlock_fn)next_symbol("munlock");
@@ -363,6 +371,22 @@ PINSHIM_EXPORT void *reallocarray(void *ptr, size_t nmemb, size_t size)
     return realloc_common(ptr, nmemb, size, true);
 }
 
+/* The other aligned allocations get posix_memalign's rounding and alignment
+ * (buffers large enough to be locked own whole pages, and PMD-aligned ones
+ * while the shim makes huge pages). The call stays the program's own: an
+ * alignment posix_memalign would reject is not rounded, so each function
+ * keeps its own rules for it. */
+static bool round_aligned_request(size_t *alignment, size_t *size)
+{
+    if (reentry_guarded())
+        return false;
+    size_t threshold = runtime_rounding_threshold(); /* initialises: the page size */
+    if (!block_extent_round_to_pages(runtime_page_size, threshold, alignment, size))
+        return false;
+    *alignment = runtime_huge_pages_alignment(*alignment, *size);
+    return true;
+}
+
 /* posix_memalign's rare paths, out of line so that its common one keeps no
  * stack frame: while the real functions are being resolved, and for
  * buffers large enough to be locked, which get whole pages so a later lock
@@ -379,10 +403,8 @@ __attribute__((noinline)) static int posix_memalign_rare(void **memptr, size_t a
         *memptr = memory;
         return 0;
     }
-    if (size >= RUNTIME_SMALLEST_ROUNDING_THRESHOLD && !reentry_guarded()) {
-        size_t threshold = runtime_rounding_threshold(); /* initialises: the page size */
-        block_extent_round_to_pages(runtime_page_size, threshold, &alignment, &size);
-    }
+    if (size >= RUNTIME_SMALLEST_ROUNDING_THRESHOLD)
+        round_aligned_request(&alignment, &size);
     return real.posix_memalign(memptr, alignment, size);
 }
 
@@ -396,6 +418,58 @@ PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
     if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD && next != NULL, 1))
         return next(memptr, alignment, size);
     return posix_memalign_rare(memptr, alignment, size);
+}
+
+/* aligned_alloc's and memalign's rare paths: next is where the real
+ * function's pointer is kept, read once it is resolved. aligned_alloc's size
+ * must be a multiple of its alignment for some allocators (C11; ASan's
+ * refuses others with EINVAL): such a request is passed unchanged, so that
+ * rounding never turns a refusal into a block. */
+__attribute__((noinline)) static void *aligned_rare(const memalign_fn *next, size_t alignment,
+                                                    size_t size, bool size_of_alignments)
+{
+    ensure_resolved();
+    if (resolving || *next == NULL)
+        return __libc_memalign(alignment, size);
+    if (!size_of_alignments || (alignment != 0 && size % alignment == 0))
+        round_aligned_request(&alignment, &size);
+    return (*next)(alignment, size);
+}
+
+PINSHIM_EXPORT void *aligned_alloc(size_t alignment, size_t size)
+{
+    memalign_fn next = __atomic_load_n(&real.aligned_alloc, __ATOMIC_RELAXED);
+    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD && next != NULL, 1))
+        return next(alignment, size);
+    return aligned_rare(&real.aligned_alloc, alignment, size, true);
+}
+
+PINSHIM_EXPORT void *memalign(size_t alignment, size_t size)
+{
+    memalign_fn next = __atomic_load_n(&real.memalign, __ATOMIC_RELAXED);
+    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD && next != NULL, 1))
+        return next(alignment, size);
+    return aligned_rare(&real.memalign, alignment, size, false);
+}
+
+/* valloc is memalign(page, size); a rounded request goes to memalign. */
+__attribute__((noinline)) static void *valloc_rare(size_t size)
+{
+    ensure_resolved();
+    if (resolving || real.valloc == NULL || real.memalign == NULL)
+        return __libc_memalign(runtime_page_size, size);
+    size_t alignment = runtime_page_size;
+    if (round_aligned_request(&alignment, &size))
+        return real.memalign(alignment, size);
+    return real.valloc(size);
+}
+
+PINSHIM_EXPORT void *valloc(size_t size)
+{
+    valloc_fn next = __atomic_load_n(&real.valloc, __ATOMIC_RELAXED);
+    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD && next != NULL, 1))
+        return next(size);
+    return valloc_rare(size);
 }
 
 struct block_extent_check {
@@ -522,18 +596,39 @@ struct lock_call {
     unsigned flags;
 };
 
+#ifndef MLOCK_ONFAULT
+#define MLOCK_ONFAULT 1
+#endif
+
+/* The real lock, inside the engine's claim of its pages: huge pages are
+ * asked for just before it faults them in, and counted after. */
 static long run_mlock(void *arguments)
 {
     struct lock_call *call = arguments;
-    return real.mlock(call->addr, call->length);
+    struct huge_pages_lock huge;
+    runtime_huge_pages_before_lock((uintptr_t)call->addr, call->length, true, &huge);
+    long result = real.mlock(call->addr, call->length);
+    runtime_huge_pages_after_lock(&huge, result == 0);
+    return result;
+}
+
+static long real_mlock2(const struct lock_call *call)
+{
+    if (real.mlock2 != NULL)
+        return real.mlock2(call->addr, call->length, call->flags);
+    return syscall(SYS_mlock2, call->addr, call->length, call->flags);
 }
 
 static long run_mlock2(void *arguments)
 {
     struct lock_call *call = arguments;
-    if (real.mlock2 != NULL)
-        return real.mlock2(call->addr, call->length, call->flags);
-    return syscall(SYS_mlock2, call->addr, call->length, call->flags);
+    struct huge_pages_lock huge;
+    /* MLOCK_ONFAULT faults nothing in: huge pages would lock 2 MiB per page touched. */
+    runtime_huge_pages_before_lock((uintptr_t)call->addr, call->length,
+                                   (call->flags & MLOCK_ONFAULT) == 0, &huge);
+    long result = real_mlock2(call);
+    runtime_huge_pages_after_lock(&huge, result == 0);
+    return result;
 }
 
 static long run_munlock(void *arguments)
@@ -581,18 +676,14 @@ PINSHIM_EXPORT int mlock(const void *addr, size_t len)
     return lock_through_engine(addr, len, 0, run_mlock, &arguments, "mlock");
 }
 
-#ifndef MLOCK_ONFAULT
-#define MLOCK_ONFAULT 1
-#endif
-
 PINSHIM_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
 {
     ensure_resolved();
     struct lock_call arguments = {addr, len, flags};
     if (reentry_guarded())
-        return (int)run_mlock2(&arguments);
+        return (int)real_mlock2(&arguments);
     if (called_by_gpu_runtime(__builtin_return_address(0))) {
-        int result = (int)run_mlock2(&arguments);
+        int result = (int)real_mlock2(&arguments);
         count_runtime_library_lock();
         return result;
     }

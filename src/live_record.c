@@ -110,6 +110,17 @@ static const struct live_record_field fields[] = {
     COUNT("numa.remote_bytes", numa_remote_bytes),
     COUNT("numa.unknown_bytes", numa_unknown_bytes),
     ARRAY("numa.device_nodes[]", device_nodes[0], LIVE_FIELD_INT32, ENGINE_MAX_DEVICES, int32_t),
+    TEXT("huge_pages.kernel", huge_pages_kernel),
+    COUNT("huge_pages.huge_bytes", huge_bytes),
+    COUNT("huge_pages.small_bytes", small_bytes),
+    COUNT("huge_pages.unknown_bytes", page_size_unknown_bytes),
+    COUNT("huge_pages.made_bytes", huge_made_bytes),
+    COUNT("huge_pages.had_pages_bytes", huge_had_pages_bytes),
+    COUNT("huge_pages.no_block_bytes", huge_no_block_bytes),
+    COUNT("huge_pages.refused_bytes", huge_refused_bytes),
+    COUNT("huge_pages.stopped_bytes", huge_stopped_bytes),
+    COUNT("huge_pages.aligned_allocations", huge_aligned_allocations),
+    COUNT("huge_pages.backed_off", huge_backed_off),
 };
 
 #define FIELD_COUNT (sizeof(fields) / sizeof(fields[0]))

@@ -260,6 +260,7 @@ static const char *const context_names[] = {"program", "create"};
 static const char *const vendor_names[] = {"auto", "cuda", "hip", "ze"};
 static const char *const onfault_names[] = {"resident", "skip", "all"};
 static const char *const fork_names[] = {"copy", "dontfork"};
+static const char *const huge_pages_names[] = {"auto", "off"};
 
 static bool parse_context(const char *value, struct pinshim_config *cfg, char *why, size_t why_size)
 {
@@ -350,6 +351,18 @@ static bool parse_onfault(const char *value, struct pinshim_config *cfg, char *w
         return false;
     }
     cfg->onfault = (enum onfault_mode)mode;
+    return true;
+}
+
+static bool parse_huge_pages(const char *value, struct pinshim_config *cfg, char *why,
+                             size_t why_size)
+{
+    int mode;
+    if (!parse_name(value, huge_pages_names, 2, &mode)) {
+        copy_text(why, why_size, "unknown mode");
+        return false;
+    }
+    cfg->huge_pages = (enum huge_pages_mode)mode;
     return true;
 }
 
@@ -577,6 +590,20 @@ const struct option_spec option_table[OPT_COUNT] = {
              "nothing is loaded or recorded unless a tool is attached (NVTX_INJECTION64_PATH), "
              "and never in secure-execution mode.",
      .parse = parse_nvtx},
+    {.id = OPT_HUGE_PAGES,
+     .env_name = "PINSHIM_HUGEPAGES",
+     .cli_name = "hugepages",
+     .cli_argument = "MODE",
+     .accepted = "auto, off",
+     .default_text = "auto",
+     .help = "Whether memory about to be locked goes on transparent huge pages, which pin in "
+             "about half the time: with auto, where THP is madvise (Linux 6.1 and later), the "
+             "2 MiB-aligned chunks (the kernel's PMD size) of a plain lock's range that have no "
+             "page yet are made huge just before it (MADV_COLLAPSE, which leaves the mapping's "
+             "flags alone), no more than the kernel has free huge blocks, and aligned "
+             "allocations of at least that size are aligned to it; a batch made at under "
+             "1 GiB/s stops it for the process; under THP always or never nothing is done.",
+     .parse = parse_huge_pages},
 };
 
 void config_set_defaults(struct pinshim_config *cfg)
@@ -752,6 +779,9 @@ void config_format_value(const struct pinshim_config *cfg, enum option_id id, ch
         break;
     case OPT_NVTX:
         copy_text(out, out_size, cfg->nvtx ? "on" : "off");
+        break;
+    case OPT_HUGE_PAGES:
+        copy_text(out, out_size, huge_pages_names[cfg->huge_pages]);
         break;
     case OPT_COUNT:
         copy_text(out, out_size, "");

@@ -25,6 +25,8 @@ enum onfault_mode { ONFAULT_RESIDENT = 0, ONFAULT_SKIP, ONFAULT_ALL };
 enum fork_mode { FORK_COPY = 0, FORK_DONTFORK };
 /* Where a process's live record goes (live_record.h). */
 enum live_mode { LIVE_AUTO = 0, LIVE_OFF, LIVE_DIRECTORY };
+/* Huge pages for memory about to be locked (huge_pages.h). */
+enum huge_pages_mode { HUGE_PAGES_AUTO = 0, HUGE_PAGES_OFF };
 
 #define CONFIG_PATH_MAX 1024
 
@@ -50,6 +52,7 @@ struct pinshim_config {
     char live_directory[CONFIG_PATH_MAX]; /* for LIVE_DIRECTORY */
     bool numa;                            /* locate each registration's pages on NUMA nodes */
     bool nvtx;                            /* NVTX ranges for registrations and the waits for them */
+    enum huge_pages_mode huge_pages;
 };
 
 enum option_id {
@@ -72,6 +75,7 @@ enum option_id {
     OPT_LIVE,
     OPT_NUMA,
     OPT_NVTX,
+    OPT_HUGE_PAGES,
     OPT_COUNT
 };
 

@@ -47,6 +47,7 @@ struct pinshim_config runtime_config;
  * host has: a check made with it errs towards "not page-aligned", which
  * passes the call through. */
 uintptr_t runtime_page_size = 4096;
+struct huge_pages runtime_huge_pages;
 #ifndef MCL_ONFAULT
 #define MCL_ONFAULT 4
 #endif
@@ -491,6 +492,13 @@ static void initialize(void)
     });
     if (!engine_init(&runtime_engine, &engine_backend_of_process, &options))
         log_warn("cannot map memory for the range registry; registration is off");
+    huge_pages_init(&runtime_huge_pages,
+                    runtime_config.huge_pages == HUGE_PAGES_AUTO && runtime_config.register_enabled,
+                    "/sys/kernel/mm/transparent_hugepage", "/proc/buddyinfo", NULL,
+                    runtime_page_size);
+    snprintf(engine_stats(&runtime_engine)->huge_pages_kernel,
+             sizeof(engine_stats(&runtime_engine)->huge_pages_kernel), "%s",
+             huge_pages_kernel_name(runtime_huge_pages.kernel));
     engine_set_mapping_bounds(&runtime_engine, &runtime_mapping_bounds);
     engine_keep_gate_at(&runtime_engine, &runtime_free_gate);
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
@@ -533,6 +541,45 @@ void runtime_live_record_start(void)
 bool runtime_is_initialized(void)
 {
     return __atomic_load_n(&init_state, __ATOMIC_ACQUIRE) == INIT_DONE;
+}
+
+void runtime_huge_pages_before_lock(uintptr_t addr, size_t length, bool faults_in,
+                                    struct huge_pages_lock *lock)
+{
+    huge_pages_before_lock(&runtime_huge_pages, addr, length, faults_in, lock);
+}
+
+void runtime_huge_pages_after_lock(const struct huge_pages_lock *lock, bool locked)
+{
+    struct huge_pages_outcome outcome;
+    huge_pages_after_lock(&runtime_huge_pages, lock, locked, &outcome);
+    struct engine_statistics *statistics = engine_stats(&runtime_engine);
+    __atomic_add_fetch(&statistics->huge_bytes, outcome.huge_bytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&statistics->small_bytes, outcome.small_bytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&statistics->page_size_unknown_bytes, outcome.unknown_bytes,
+                       __ATOMIC_RELAXED);
+    __atomic_add_fetch(&statistics->huge_made_bytes, lock->plan.made, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&statistics->huge_had_pages_bytes, lock->plan.had_pages, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&statistics->huge_no_block_bytes, lock->plan.no_block, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&statistics->huge_refused_bytes, lock->plan.refused, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&statistics->huge_stopped_bytes, lock->plan.stopped, __ATOMIC_RELAXED);
+    if (outcome.backed_off_now) {
+        __atomic_store_n(&statistics->huge_backed_off, 1, __ATOMIC_RELAXED);
+        int saved_errno = errno;
+        log_info("huge pages: chunks were made huge at %.2f GiB/s, below 1 GiB/s (memory the "
+                 "hypervisor had not backed yet, or compaction); the shim makes no more in "
+                 "this process",
+                 (double)lock->plan.slow_bytes_per_second / (double)(1u << 30));
+        errno = saved_errno;
+    }
+}
+
+size_t runtime_huge_pages_alignment(size_t alignment, size_t size)
+{
+    size_t aligned = huge_pages_allocation_alignment(&runtime_huge_pages, alignment, size);
+    if (aligned != alignment)
+        engine_count(&engine_stats(&runtime_engine)->huge_aligned_allocations);
+    return aligned;
 }
 
 size_t runtime_rounding_threshold(void)
@@ -657,6 +704,19 @@ static void fill_report(struct stats_report *report)
     report->numa_unknown_bytes = engine_stats(engine)->numa_unknown_bytes;
     for (size_t i = 0; i < STATS_MAX_DEVICES && i < ENGINE_MAX_DEVICES; i++)
         report->device_nodes[i] = engine_stats(engine)->device_nodes[i];
+    report->huge_pages_option = runtime_config.huge_pages == HUGE_PAGES_AUTO ? "auto" : "off";
+    report->huge_pages_kernel = huge_pages_kernel_name(runtime_huge_pages.kernel);
+    report->huge_pmd_size = runtime_huge_pages.pmd_size;
+    report->huge_bytes = engine_stats(engine)->huge_bytes;
+    report->small_bytes = engine_stats(engine)->small_bytes;
+    report->page_size_unknown_bytes = engine_stats(engine)->page_size_unknown_bytes;
+    report->huge_made_bytes = engine_stats(engine)->huge_made_bytes;
+    report->huge_had_pages_bytes = engine_stats(engine)->huge_had_pages_bytes;
+    report->huge_no_block_bytes = engine_stats(engine)->huge_no_block_bytes;
+    report->huge_refused_bytes = engine_stats(engine)->huge_refused_bytes;
+    report->huge_stopped_bytes = engine_stats(engine)->huge_stopped_bytes;
+    report->huge_aligned_allocations = engine_stats(engine)->huge_aligned_allocations;
+    report->huge_backed_off = engine_stats(engine)->huge_backed_off != 0;
     pthread_mutex_unlock(&engine->mutex);
     struct engine_device_counts devices[STATS_MAX_DEVICES];
     report->device_count = engine_get_devices(engine, devices, STATS_MAX_DEVICES);

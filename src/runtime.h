@@ -4,6 +4,7 @@
 #define PINSHIM_RUNTIME_H
 
 #include "engine.h"
+#include "huge_pages.h"
 #include "live_process.h"
 #include "options.h"
 #include "reentry_guard.h"
@@ -36,6 +37,19 @@ bool runtime_is_initialized(void);
  * registration is off; never below RUNTIME_SMALLEST_ROUNDING_THRESHOLD. */
 #define RUNTIME_SMALLEST_ROUNDING_THRESHOLD ((size_t)65536)
 size_t runtime_rounding_threshold(void);
+
+/* Huge pages for memory about to be locked (PINSHIM_HUGEPAGES, huge_pages.h),
+ * set up with the rest. The lock's real call is wrapped: before it, the
+ * range's empty PMD-aligned chunks may be advised (faults_in: a plain lock,
+ * not MLOCK_ONFAULT); after it, the page sizes it got are counted. Both keep
+ * errno. */
+extern struct huge_pages runtime_huge_pages PINSHIM_INTERNAL;
+void runtime_huge_pages_before_lock(uintptr_t addr, size_t length, bool faults_in,
+                                    struct huge_pages_lock *lock);
+void runtime_huge_pages_after_lock(const struct huge_pages_lock *lock, bool locked);
+/* The alignment of a large aligned allocation (size already rounded for
+ * locking): the PMD size while huge pages are advised, counted. */
+size_t runtime_huge_pages_alignment(size_t alignment, size_t size);
 
 /* Counts an mlockall (logged once at info level) and remembers its flags when
  * it succeeded; runtime_note_munlockall forgets them. */

@@ -107,6 +107,7 @@ static double seconds(uint64_t nanoseconds)
 }
 
 static void write_numa_json(struct out_buffer *out, const struct stats_report *report);
+static void write_huge_pages_json(struct out_buffer *out, const struct stats_report *report);
 
 bool stats_write_json(int fd, const struct stats_report *report)
 {
@@ -192,6 +193,7 @@ bool stats_write_json(int fd, const struct stats_report *report)
     out_text(&out, "]");
     if (report->numa)
         write_numa_json(&out, report);
+    write_huge_pages_json(&out, report);
 
     out_text(&out, ",\n \"register\": {");
     out_key_u64(&out, "ok", c->register_ok, false);
@@ -306,6 +308,57 @@ static void write_numa_json(struct out_buffer *out, const struct stats_report *r
     out_text(out, "}}");
 }
 
+/* "huge_pages": the option, the kernel's mode, the bytes locked by page size
+ * and what the shim did to the chunks of the locks. */
+static void write_huge_pages_json(struct out_buffer *out, const struct stats_report *report)
+{
+    out_text(out, ",\n \"huge_pages\": {\"option\": ");
+    out_json_string(out, report->huge_pages_option != NULL ? report->huge_pages_option : "");
+    out_text(out, ", \"kernel\": ");
+    out_json_string(out, report->huge_pages_kernel != NULL ? report->huge_pages_kernel : "");
+    out_format(out,
+               ", \"pmd_size\": %llu, \"huge_bytes\": %llu, \"small_bytes\": %llu, "
+               "\"unknown_bytes\": %llu, \"made_bytes\": %llu, \"had_pages_bytes\": %llu, "
+               "\"no_block_bytes\": %llu, \"refused_bytes\": %llu, \"stopped_bytes\": %llu, "
+               "\"aligned_allocations\": %llu, \"backed_off\": %s}",
+               (unsigned long long)report->huge_pmd_size, (unsigned long long)report->huge_bytes,
+               (unsigned long long)report->small_bytes,
+               (unsigned long long)report->page_size_unknown_bytes,
+               (unsigned long long)report->huge_made_bytes,
+               (unsigned long long)report->huge_had_pages_bytes,
+               (unsigned long long)report->huge_no_block_bytes,
+               (unsigned long long)report->huge_refused_bytes,
+               (unsigned long long)report->huge_stopped_bytes,
+               (unsigned long long)report->huge_aligned_allocations,
+               report->huge_backed_off ? "true" : "false");
+}
+
+/* "pinshim:   huge pages (auto, THP madvise): locked 1.0 GiB on huge pages,
+ * 8.0 KiB on small, 0 B of unknown size; made huge 1.0 GiB, ..." */
+static void write_huge_pages_text(struct out_buffer *out, const struct stats_report *report)
+{
+    char huge[32], small[32], unknown[32], made[32], had_pages[32], no_block[32], refused[32],
+        stopped[32];
+    log_format_bytes(report->huge_bytes, huge, sizeof(huge));
+    log_format_bytes(report->small_bytes, small, sizeof(small));
+    log_format_bytes(report->page_size_unknown_bytes, unknown, sizeof(unknown));
+    log_format_bytes(report->huge_made_bytes, made, sizeof(made));
+    log_format_bytes(report->huge_had_pages_bytes, had_pages, sizeof(had_pages));
+    log_format_bytes(report->huge_no_block_bytes, no_block, sizeof(no_block));
+    log_format_bytes(report->huge_refused_bytes, refused, sizeof(refused));
+    log_format_bytes(report->huge_stopped_bytes, stopped, sizeof(stopped));
+    out_format(out,
+               "pinshim:   huge pages (%s, THP %s): locked %s on huge pages, %s on small, %s of "
+               "unknown size; made huge by the shim %s, left alone with pages %s, left small "
+               "for want of free blocks %s, refused by the kernel %s, after a slow batch %s; "
+               "%llu allocation(s) aligned%s\n",
+               report->huge_pages_option != NULL ? report->huge_pages_option : "?",
+               report->huge_pages_kernel != NULL ? report->huge_pages_kernel : "?", huge, small,
+               unknown, made, had_pages, no_block, refused, stopped,
+               (unsigned long long)report->huge_aligned_allocations,
+               report->huge_backed_off ? "; stopped by a slow batch" : "");
+}
+
 /* "pinshim:   numa: node 0 12.0 MiB (12.0 MiB local), node 1 4.0 MiB (0 B
  * local); remote 4.0 MiB, node unknown 0 B" */
 static void write_numa_text(struct out_buffer *out, const struct stats_report *report)
@@ -397,6 +450,8 @@ bool stats_write_text(int fd, const struct stats_report *report)
     }
     if (report->numa && c->register_bytes != 0)
         write_numa_text(&out, report);
+    if (report->huge_bytes + report->small_bytes + report->page_size_unknown_bytes != 0)
+        write_huge_pages_text(&out, report);
     if (c->program_registrations != 0 || c->unregister_program != 0)
         out_format(&out,
                    "pinshim:   program: registered %llu range(s) itself (%llu handed over by the "

@@ -79,6 +79,19 @@ struct stats_report {
     } numa_nodes[NUMA_PLACEMENT_MAX_NODES];
     uint64_t numa_remote_bytes, numa_unknown_bytes;
     int device_nodes[STATS_MAX_DEVICES];
+    /* Huge pages (PINSHIM_HUGEPAGES, huge_pages.h): the option, the kernel's
+     * THP mode for the process and its PMD size (0: none); bytes of plain
+     * locks on huge, small and unknown pages; bytes of PMD-aligned chunks
+     * made huge, left alone with pages, left small for want of free blocks,
+     * refused by the kernel, left small after a slow batch; allocations
+     * aligned; whether a slow batch stopped the shim's huge pages. */
+    const char *huge_pages_option, *huge_pages_kernel;
+    uint64_t huge_pmd_size;
+    uint64_t huge_bytes, small_bytes, page_size_unknown_bytes;
+    uint64_t huge_made_bytes, huge_had_pages_bytes, huge_no_block_bytes;
+    uint64_t huge_refused_bytes, huge_stopped_bytes;
+    uint64_t huge_aligned_allocations;
+    bool huge_backed_off;
     bool fork_child;
     const char *ended_by;          /* "exit", or "_exit" (no exit handlers ran); NULL: not said */
     uint64_t warnings;             /* warnings the shim raised in this process (log.h) */

@@ -1,6 +1,8 @@
 /* Allocation calls that must fail, and how: posix_memalign with sizes no
  * allocator can give and with invalid alignments (the result, and whether
- * *memptr was left alone), realloc/reallocarray that cannot grow a locked
+ * *memptr was left alone), aligned_alloc, memalign and valloc the same (the
+ * pointer or NULL, errno, the alignment asked honoured: the shim rounds and
+ * aligns large requests, never changes the answer), realloc/reallocarray that cannot grow a locked
  * block (NULL, errno, the block intact). Prints everything for comparison
  * with and without the shim. */
 #ifndef _GNU_SOURCE
@@ -10,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <malloc.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -27,8 +30,63 @@ static void try_posix_memalign(const char *label, size_t alignment, size_t size)
         free(memory);
 }
 
+/* Whether the answer honours the alignment asked (rounded up to a power of
+ * two, as glibc does): the same with and without the shim, which only ever
+ * aligns more. */
+static int honours(const void *memory, size_t alignment)
+{
+    size_t power = 1;
+    while (power < alignment)
+        power <<= 1;
+    return ((uintptr_t)memory & (power - 1)) == 0;
+}
+
+static void report_aligned(const char *name, const char *label, void *memory, int error,
+                           size_t alignment)
+{
+    printf("%s %-22s -> %s, errno %d, alignment honoured %d\n", name, label,
+           memory == NULL ? "NULL" : "block", memory == NULL ? error : 0,
+           memory != NULL && honours(memory, alignment));
+    free(memory);
+}
+
+static void try_aligned_alloc(const char *label, size_t alignment, size_t size)
+{
+    errno = 1234;
+    void *memory = aligned_alloc(alignment, size);
+    report_aligned("aligned_alloc", label, memory, errno, alignment);
+}
+
+static void try_memalign(const char *label, size_t alignment, size_t size)
+{
+    errno = 1234;
+    void *memory = memalign(alignment, size);
+    report_aligned("memalign", label, memory, errno, alignment);
+}
+
+static void try_valloc(const char *label, size_t size)
+{
+    errno = 1234;
+    void *memory = valloc(size);
+    report_aligned("valloc", label, memory, errno, 4096);
+}
+
 int main(void)
 {
+    volatile size_t too_large = SIZE_MAX / 2; /* hidden from the compiler's size checks */
+    try_aligned_alloc("(64, SIZE_MAX / 2)", 64, too_large);
+    try_aligned_alloc("(3, 1 MiB)", 3, (size_t)1 << 20);
+    try_aligned_alloc("(4, 1 MiB)", 4, (size_t)1 << 20);
+    try_aligned_alloc("(64, 8 MiB)", 64, (size_t)8 << 20);
+    try_aligned_alloc("(64, 1 MiB + 1)", 64, ((size_t)1 << 20) + 1);
+    try_memalign("(64, SIZE_MAX / 2)", 64, too_large);
+    try_memalign("(3, 1 MiB)", 3, (size_t)1 << 20);
+    try_memalign("(24, 8 MiB)", 24, (size_t)8 << 20);
+    try_memalign("(4096, 8 MiB)", 4096, (size_t)8 << 20);
+    try_valloc("(SIZE_MAX / 2)", too_large);
+    try_valloc("(1 MiB + 1)", ((size_t)1 << 20) + 1);
+    try_valloc("(8 MiB)", (size_t)8 << 20);
+
     try_posix_memalign("(64, SIZE_MAX)", 64, SIZE_MAX);
     try_posix_memalign("(64, SIZE_MAX / 2)", 64, SIZE_MAX / 2);
     try_posix_memalign("(4096, SIZE_MAX - 4095)", 4096, SIZE_MAX - 4095);

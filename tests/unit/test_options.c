@@ -336,6 +336,7 @@ static struct pinshim_config load_all_set(bool secure_execution)
         [OPT_LIVE] = "/tmp/live-records",
         [OPT_NUMA] = "off",
         [OPT_NVTX] = "off",
+        [OPT_HUGE_PAGES] = "off",
     };
     struct big_environment environment = {{0}, {0}};
     for (int i = 0; i < OPT_COUNT; i++) {
