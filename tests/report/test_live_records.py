@@ -138,7 +138,7 @@ class EndedBy(LiveCase):
         expected = self.write_every_ending()
         document, result = self.report_json(self.directory)
         self.assertEqual(result.stderr, "")
-        self.assertEqual(document["pinshim_report"], 4)
+        self.assertEqual(document["pinshim_report"], 5)
         rows = {os.path.basename(row["file"]): row for row in document["processes"]}
         self.assertEqual(set(rows), set(expected))
         for name, (ended_by, record_state, source) in expected.items():

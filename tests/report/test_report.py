@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """pinshim-report on generated stats files: the totals that lead each job, the
 processes that did something sorted by bytes (--all: every one), --json with the
-same, optional keys (devices, deferred, ...) present or not, bad files, exit
-statuses, and never a traceback.
+same, optional keys (devices, deferred, numa, huge_pages, ...) present or not,
+bad files, exit statuses, and never a traceback.
 
 Environment (set by meson): PINSHIM_REPORT (the script in the source tree),
 PINSHIM_CLI (the pinshim command of the build tree), PINSHIM_LIB.
@@ -361,7 +361,7 @@ class Json(ReportCase):
         document = json.loads(result.stdout)
         self.assertEqual(list(document)[:2], ["pinshim_report", "totals"])
         self.assertEqual(list(document).index("processes"), len(document) - 3)
-        self.assertEqual(document["pinshim_report"], 4)
+        self.assertEqual(document["pinshim_report"], 5)
         self.assertEqual(document["files_read"], 4)
         self.assertEqual(document["skipped"], [])
         self.assertIs(document["all_processes"], False)
@@ -746,6 +746,165 @@ class Numa(ShimCase):
         exposition = run_report_in(self, "--prometheus", self.stats).stdout
         self.assertEqual([family["name"] for family in parse_exposition(exposition)
                           if "numa" in family["name"]], [])
+
+
+# A huge_pages object as the shim writes it (issue 36): the bytes of plain
+# locks by page size, what the shim did to their chunks, the kernel's THP mode.
+def huge_pages_object(huge, small, unknown=0, made=0, had_pages=0, no_block=0, refused=0,
+                      stopped=0, aligned=0, backed_off=False, kernel="madvise",
+                      option="auto"):
+    return {"option": option, "kernel": kernel, "pmd_size": 2 << 20, "huge_bytes": huge,
+            "small_bytes": small, "unknown_bytes": unknown, "made_bytes": made,
+            "had_pages_bytes": had_pages, "no_block_bytes": no_block,
+            "refused_bytes": refused, "stopped_bytes": stopped,
+            "aligned_allocations": aligned, "backed_off": backed_off}
+
+
+class HugePages(ShimCase):
+    """Statistics the shim wrote, with their huge_pages object (rewritten here
+    with sizes this machine's locks did not have): shown when present,
+    silent when not (a shim from before issue 36)."""
+
+    def add_huge_pages(self, pid, huge_pages):
+        document = self.stats_document(pid)
+        document["huge_pages"] = huge_pages
+        write_json(self.stats_path(pid), document)
+        return document
+
+    def make_huge_pages_job(self):
+        """Three processes: one whose locks were all on huge pages the shim
+        made, one whose locks stayed small (for want of free blocks, then
+        after a slow batch) under THP always, and one from a shim without
+        page sizes."""
+        huge, small, old = self.ended(2), self.ended(1), self.ended(1)
+        # As the shim wrote it: every byte of the plain locks counted once.
+        written = self.stats_document(huge)["huge_pages"]
+        self.assertEqual(written["huge_bytes"] + written["small_bytes"]
+                         + written["unknown_bytes"], 2 * BUFFER_BYTES)
+        self.assertEqual(set(written), set(huge_pages_object(0, 0)))
+        self.add_huge_pages(huge, huge_pages_object(3 << 30, 0, made=3 << 30, aligned=2))
+        self.add_huge_pages(small, huge_pages_object(0, 1 << 30, no_block=512 << 20,
+                                                     stopped=256 << 20, backed_off=True,
+                                                     kernel="always"))
+        document = self.stats_document(old)
+        del document["huge_pages"]
+        write_json(self.stats_path(old), document)
+        return huge, small, old
+
+    def test_text(self):
+        huge, small, old = self.make_huge_pages_job()
+        result = run_report_in(self, self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "")
+        totals = totals_block(result.stdout)
+        self.assertEqual(totals["huge pages"],
+                         "3.0 GiB locked on huge pages (75%), 1.0 GiB on small, 0 B unknown\n"
+                         "made huge by the shim 3.0 GiB, left small for want of free blocks "
+                         "512.0 MiB; stopped after a slow batch in 1 process (256.0 MiB left "
+                         "small); THP always, madvise")
+        header = result.stdout.splitlines()[result.stdout.splitlines().index("") + 1]
+        # Before the NUMA column (the shim places pages too), the errors and the runtime.
+        self.assertEqual(re.split(r"\s{2,}", header)[-4:], ["huge", "remote", "errors",
+                                                             "runtime"])
+        shares = {row[1]: row[-4] for row in table_rows(result.stdout)}
+        self.assertEqual(shares, {str(huge): "100%", str(small): "0%", str(old): "-"})
+
+    def test_json(self):
+        huge, small, old = self.make_huge_pages_job()
+        result = run_report_in(self, "--json", self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        document = json.loads(result.stdout)
+        self.assertEqual(document["pinshim_report"], 5)
+        self.assertEqual(document["totals"]["huge_pages"], {
+            "processes": 2, "huge_bytes": 3 << 30, "small_bytes": 1 << 30, "unknown_bytes": 0,
+            "made_bytes": 3 << 30, "had_pages_bytes": 0, "no_block_bytes": 512 << 20,
+            "refused_bytes": 0, "stopped_bytes": 256 << 20, "aligned_allocations": 2,
+            "backed_off_processes": 1, "kernel_modes": ["always", "madvise"]})
+        self.assertEqual(document["jobs"][0]["huge_pages"], document["totals"]["huge_pages"])
+        rows = {row["pid"]: row for row in document["processes"]}
+        self.assertEqual(rows[small]["huge_pages"], huge_pages_object(
+            0, 1 << 30, no_block=512 << 20, stopped=256 << 20, backed_off=True,
+            kernel="always"))
+        self.assertEqual(rows[huge]["huge_pages"]["made_bytes"], 3 << 30)
+        self.assertIsNone(rows[old]["huge_pages"])
+
+    def test_old_files_say_nothing(self):
+        pids = [self.ended(1), self.ended(2)]
+        for pid in pids:
+            document = self.stats_document(pid)
+            del document["huge_pages"]
+            write_json(self.stats_path(pid), document)
+        text = run_report_in(self, self.stats)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertEqual(text.stderr, "")
+        self.assertNotIn("huge pages", totals_block(text.stdout))
+        self.assertNotIn("huge", text.stdout.splitlines()[text.stdout.splitlines().index("") + 1])
+        document = json.loads(run_report_in(self, "--json", self.stats).stdout)
+        self.assertIsNone(document["totals"]["huge_pages"])
+        self.assertEqual({row["huge_pages"] for row in document["processes"]}, {None})
+
+    def test_missing_keys_are_tolerated(self):
+        empty, counted = self.ended(1), self.ended(1)
+        self.add_huge_pages(empty, {})
+        # backed_off as a live record has it: a count.
+        self.add_huge_pages(counted, {"huge_bytes": 4096, "backed_off": 1})
+        result = run_report_in(self, "--json", self.stats)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows = {row["pid"]: row for row in json.loads(result.stdout)["processes"]}
+        self.assertEqual(rows[empty]["huge_pages"], dict(
+            huge_pages_object(0, 0, kernel=None, option=None), pmd_size=None))
+        self.assertEqual(rows[counted]["huge_pages"], dict(
+            huge_pages_object(4096, 0, kernel=None, option=None, backed_off=True),
+            pmd_size=None))
+        result = run_report_in(self, self.stats)
+        self.assertEqual(totals_block(result.stdout)["huge pages"],
+                         "4.0 KiB locked on huge pages (100%), 0 B on small, 0 B unknown\n"
+                         "made huge by the shim 0 B; stopped after a slow batch in 1 process")
+        shares = {row[1]: row[-4] for row in table_rows(result.stdout)}
+        self.assertEqual(shares, {str(empty): "-", str(counted): "100%"})
+
+    def test_bad_values_skip_the_file(self):
+        cases = {"not an object": ([0], "huge_pages is not an object"),
+                 "kernel": ({"kernel": 2}, "huge_pages.kernel is not a string"),
+                 "option": ({"option": ["auto"]}, "huge_pages.option is not a string"),
+                 "pmd size": ({"pmd_size": -1}, "huge_pages.pmd_size is not a byte count"),
+                 "huge": ({"huge_bytes": -1}, "huge_pages.huge_bytes is not a byte count"),
+                 "made": ({"made_bytes": 1.5}, "huge_pages.made_bytes is not a byte count"),
+                 "aligned": ({"aligned_allocations": "2"},
+                             "huge_pages.aligned_allocations is not a count"),
+                 "backed off": ({"backed_off": "yes"},
+                                "huge_pages.backed_off is not true or false")}
+        pids = {}
+        for name, (huge_pages, _) in cases.items():
+            pids[name] = self.ended(1)
+            self.add_huge_pages(pids[name], huge_pages)
+        result = run_report_in(self, self.stats)
+        self.assertEqual(result.returncode, 1)
+        for name, (_, reason) in cases.items():
+            with self.subTest(case=name):
+                self.assertIn(f"{self.stats_path(pids[name])}: {reason}; skipped", result.stderr)
+
+
+class HugeShare(ReportCase):
+    """The share of the bytes locked on huge pages, in the rows and totals:
+    0% or 100% only when none or all were."""
+
+    def test_share_is_rounded_but_never_all_or_nothing_falsely(self):
+        cases = {1: ((1, 999, 0), "1%"), 2: ((999, 1, 0), "99%"), 3: ((1, 2, 1), "25%"),
+                 4: ((0, 0, 4096), "0%"), 5: ((0, 0, 0), "-")}
+        for pid, ((huge, small, unknown), _) in cases.items():
+            document = stats_document(pid)
+            document["huge_pages"] = huge_pages_object(huge, small, unknown)
+            write_json(os.path.join(self.directory, f"{pid}.json"), document)
+        result = run_report(self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        header = result.stdout.splitlines()[result.stdout.splitlines().index("") + 1]
+        self.assertEqual(re.split(r"\s{2,}", header)[-3:], ["huge", "errors", "runtime"])
+        shares = {int(row[1]): row[-3] for row in table_rows(result.stdout)}
+        self.assertEqual(shares, {pid: share for pid, (_, share) in cases.items()})
+        self.assertTrue(totals_block(result.stdout)["huge pages"].startswith(
+            "1001 B locked on huge pages (16%), 1002 B on small, 4.0 KiB unknown\n"),
+            result.stdout)
 
 
 def check_conventions(case, families):

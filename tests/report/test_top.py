@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """pinshim-top on live records written by live_record_writer.py: --once with
 running, killed and other hosts' records (MiB and --bytes), the order of the
-rows, the default directories (XDG_RUNTIME_DIR, /tmp/pinshim-UID,
-PINSHIM_LIVE, PINSHIM_STATS), refreshing into a pipe and on a terminal until
-Ctrl-C, usage errors, and pinshim top through the C command.
+rows, the NUMA and huge pages columns and lines, the default directories
+(XDG_RUNTIME_DIR, /tmp/pinshim-UID, PINSHIM_LIVE, PINSHIM_STATS), refreshing
+into a pipe and on a terminal until Ctrl-C, usage errors, and pinshim top
+through the C command.
 
 Environment (set by meson): PINSHIM_TOP (the script in the source tree),
 PINSHIM_CLI (the pinshim command of the build tree).
@@ -73,8 +74,10 @@ def table(stdout):
     if len(lines) > 1 and lines[1].startswith("no running process"):
         return title, []
     assert cells(lines[1])[:4] == HEADING[:4], lines[1]
-    # The NUMA line under the table (when the records carry placement).
-    return title, [cells(line) for line in lines[2:] if not line.startswith("NUMA, ")]
+    # The NUMA and huge pages lines under the table (when the records carry
+    # placement and page sizes).
+    return title, [cells(line) for line in lines[2:]
+                   if not line.startswith(("NUMA, ", "huge pages: "))]
 
 
 class TopCase(writer.RecordsCase):
@@ -509,6 +512,80 @@ class Numa(TopCase):
                                 node=1), 32 << 20)
         self.assertEqual(sample(samples, "pinshim_numa_remote_registered_bytes_total",
                                 stats_dir=""), 32 << 20)
+
+
+# The huge pages fields of a live record as src/live_record.c lays them out
+# (issue 36): the kernel's THP mode (text), then the counts; past the NUMA ones.
+HUGE_PAGE_COUNTS = ["huge_bytes", "small_bytes", "unknown_bytes", "made_bytes",
+                    "had_pages_bytes", "no_block_bytes", "refused_bytes", "stopped_bytes",
+                    "aligned_allocations", "backed_off"]
+HUGE_FIELDS = ([("huge_pages.kernel", writer.TEXT, 1, 16, 9000)]
+               + [(f"huge_pages.{name}", writer.COUNT, 1, 8, 9016 + 8 * index)
+                  for index, name in enumerate(HUGE_PAGE_COUNTS)])
+
+
+def huge_values(kernel=b"madvise", **counts):
+    values = {"huge_pages.kernel": kernel}
+    values.update({f"huge_pages.{name}": counts.get(name, 0) for name in HUGE_PAGE_COUNTS})
+    return values
+
+
+class HugePages(TopCase):
+    def test_huge_column_and_the_bytes_by_page_size(self):
+        placed = self.write_running(
+            live_bytes=64 << 20, extra_fields=HUGE_FIELDS,
+            values=huge_values(huge_bytes=48 << 20, small_bytes=16 << 20, made_bytes=32 << 20,
+                               had_pages_bytes=16 << 20, aligned_allocations=1))
+        older = self.write_running(live_bytes=1 << 20)
+        result = run_top("--once", self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "")
+        lines = result.stdout.splitlines()
+        self.assertEqual(cells(lines[1]), HEADING[:5] + ["huge"] + HEADING[5:])
+        shares = {row[1]: row[5] for row in map(cells, lines[2:4])}
+        self.assertEqual(shares, {str(placed): "75%", str(older): "-"})
+        self.assertEqual(lines[4], "huge pages: 48.0 MiB locked on huge pages (75%), 16.0 MiB "
+                                   "on small, 0.0 MiB unknown; made huge by the shim 32.0 MiB; "
+                                   "THP madvise")
+        self.assertEqual(len(lines), 5)
+        # The report reads the same fields (a record has no option nor PMD size).
+        document = json.loads(run_report("--json", self.directory).stdout)
+        huge_pages = {row["pid"]: row["huge_pages"] for row in document["processes"]}
+        self.assertEqual(huge_pages[placed], {
+            "option": None, "kernel": "madvise", "pmd_size": None, "huge_bytes": 48 << 20,
+            "small_bytes": 16 << 20, "unknown_bytes": 0, "made_bytes": 32 << 20,
+            "had_pages_bytes": 16 << 20, "no_block_bytes": 0, "refused_bytes": 0,
+            "stopped_bytes": 0, "aligned_allocations": 1, "backed_off": False})
+        self.assertIsNone(huge_pages[older])
+        self.assertEqual(document["totals"]["huge_pages"]["kernel_modes"], ["madvise"])
+
+    def test_beside_numa_in_bytes_and_backed_off(self):
+        both = self.write_running(
+            live_bytes=8 << 20, devices=[(0, 1, 8 << 20)],
+            extra_fields=NUMA_FIELDS + HUGE_FIELDS,
+            values=dict(numa_values([8 << 20, 0, 0, 0], [8 << 20, 0, 0, 0], 0, 0,
+                                    [0, -1, -1, -1]),
+                        **huge_values(small_bytes=6 << 20, unknown_bytes=2 << 20,
+                                      no_block_bytes=4 << 20, stopped_bytes=2 << 20,
+                                      backed_off=1)))
+        # Nothing locked yet: no share.
+        idle = self.write_running(live_bytes=0, extra_fields=HUGE_FIELDS,
+                                  values=huge_values(kernel=b""))
+        result = run_top("--once", "--bytes", self.directory)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertEqual(cells(lines[1])[4:8], ["registered bytes", "remote bytes", "huge",
+                                                "ranges"])
+        shares = {row[1]: row[6] for row in map(cells, lines[2:4])}
+        self.assertEqual(shares, {str(both): "0%", str(idle): "-"})
+        self.assertTrue(lines[4].startswith("NUMA, bytes registered so far: "), lines[4])
+        self.assertEqual(lines[5], f"huge pages: 0 bytes locked on huge pages (0%), "
+                                   f"{6 << 20} bytes on small, {2 << 20} bytes unknown; made "
+                                   f"huge by the shim 0 bytes, left small for want of free "
+                                   f"blocks {4 << 20} bytes; stopped after a slow batch in 1 "
+                                   f"process ({2 << 20} bytes left small); THP madvise")
+        _, rows = table(result.stdout)
+        self.assertEqual(len(rows), 2)
 
 
 def wait_for(predicate):
