@@ -26,6 +26,7 @@
  * driver (which never touches the pages), and the kernel's part of the lock
  * is then almost nothing. Every row says which it used. */
 #include "bench_util.h"
+#include "lock_latency_deepspeed.h"
 
 #include "pinshim.h"
 
@@ -592,6 +593,8 @@ static void usage(FILE *out)
             "                    [--method auto|touch|onfault]\n"
             "                    [--seconds-per-gib S] [--real] [--cudart LIB] [--shim LIB]\n"
             "                    [--json FILE]\n"
+            "       lock_latency --deepspeed [--sizes GIB,...] [--rounds N] [--pause S]\n"
+            "                    [--fragmented | --fragmented-only] [--shim LIB] [--json FILE]\n"
             "What the program sees inside mlock() under the shim, registration synchronous\n"
             "(PINSHIM_ASYNC=off) vs asynchronous (on), and the time until pinshim_drain()\n"
             "says the range is registered; plus mlock without the shim.\n"
@@ -607,6 +610,12 @@ static void usage(FILE *out)
             "  --cudart LIB       runtime for the program and the shim (default: PINSHIM_CUDART,\n"
             "                     else the test suite's fake runtime)\n"
             "  --real             the real libcudart instead (PINSHIM_CUDART unset); needs a GPU\n"
+            "  --deepspeed        DeepSpeed's native pinning instead (posix_memalign(4096),\n"
+            "                     untouched, mlock): without the shim, under it with huge pages\n"
+            "                     (PINSHIM_HUGEPAGES=auto) and with =off; first runs after a\n"
+            "                     pause (default 5 s) and warm runs apart (sizes default\n"
+            "                     0.0625,1,4; 3 rounds); --fragmented adds 1 GiB locked while\n"
+            "                     free memory is in small pieces\n"
             "Exit status: 0, 1 on errors, 2 when the runtime finds no usable GPU.\n");
 }
 
@@ -686,6 +695,31 @@ int main(int argc, char **argv)
         int status = child_main(sizes, count, reps, argv[4]);
         fflush(NULL);
         return status; /* exit(): the shim writes its stats */
+    }
+
+    if (argc == 4 && strcmp(argv[1], "--deepspeed-child") == 0)
+        return lock_latency_deepspeed_child(strtoull(argv[2], NULL, 10), atoi(argv[3]) != 0);
+    if (argc == 3 && strcmp(argv[1], "--memory-child") == 0)
+        return lock_latency_memory_child(strtoull(argv[2], NULL, 10));
+    if (argc == 3 && strcmp(argv[1], "--warm-up-child") == 0)
+        return lock_latency_warm_up_child(strtoull(argv[2], NULL, 10));
+    bool deepspeed = false;
+    const char *deepspeed_shim = NULL;
+    for (int i = 1; i < argc; i++) {
+        deepspeed |= strcmp(argv[i], "--deepspeed") == 0;
+        if (strcmp(argv[i], "--shim") == 0 && i + 1 < argc)
+            deepspeed_shim = argv[i + 1];
+    }
+    if (deepspeed) {
+        const char *found =
+            bench_find_library(deepspeed_shim, BENCH_SHIM_PATH, "../src/libpinshim.so");
+        if (found == NULL) {
+            fprintf(stderr, "lock_latency: libpinshim.so not found; pass --shim PATH\n");
+            return 1;
+        }
+        static char deepspeed_shim_path[PATH_MAX];
+        snprintf(deepspeed_shim_path, sizeof(deepspeed_shim_path), "%s", found);
+        return lock_latency_deepspeed_main(argc, argv, deepspeed_shim_path);
     }
 
     options.reps = 5;
