@@ -51,13 +51,14 @@ enum huge_pages_kernel {
     HUGE_PAGES_KERNEL_TOO_OLD,  /* madvise, but no MADV_COLLAPSE (before Linux 6.1) */
 };
 
-/* Chunks are made huge this many bytes at a time (at least one chunk). */
-#define HUGE_PAGES_BATCH_BYTES ((uint64_t)64 << 20)
+/* Chunks are made huge this many bytes at a time (at least one chunk): a
+ * slow batch costs the lock at most this much slow work. */
+#define HUGE_PAGES_BATCH_BYTES ((uint64_t)16 << 20)
 /* Batches at least this large are timed for the back-off. */
 #define HUGE_PAGES_MEASURED_BYTES ((uint64_t)16 << 20)
 /* Below this rate a batch stops the shim's huge pages: on the development
- * VM, huge pages the hypervisor had backed were made at 7.2 GiB/s and small
- * pages locked at 2.9 GiB/s; huge blocks it had taken back at 0.74 GiB/s
+ * VM, huge pages the hypervisor had backed were made at 7.5 GiB/s and small
+ * pages locked at 2.8-3.0 GiB/s; huge blocks it had taken back at 0.74 GiB/s
  * (bench/results/2026-12-07-vm-huge-pages.md). */
 #define HUGE_PAGES_SLOWEST_BYTES_PER_SECOND ((uint64_t)1 << 30)
 

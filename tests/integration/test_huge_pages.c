@@ -99,7 +99,11 @@ Test(huge_pages, deepspeeds_pattern_is_locked_on_huge_pages)
                      64 * MIB, "%s", with.stats);
         /* Untouched but for an allocator's fill of the first page (ASan's). */
         cr_assert_leq(huge(&with, "had_pages_bytes"), 2 * MIB, "%s", with.stats);
-        cr_assert_eq(program_saw, huge(&with, "made_bytes"), "%s", with.stats);
+        /* What was made is what the program finds, where the kernel can say
+         * (qemu-user answers madvise with success and does nothing, and
+         * knows no PAGEMAP_SCAN: the bytes are unknown there). */
+        if (huge(&with, "unknown_bytes") == 0)
+            cr_assert_eq(program_saw, huge(&with, "made_bytes"), "%s", with.stats);
         /* Without the shim, THP madvise gives this buffer no huge page. */
         cr_assert_eq(shim_run_printed_number(&without, "huge_bytes"), 0);
     } else {
