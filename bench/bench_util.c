@@ -352,3 +352,19 @@ void *bench_open_cudart(const char *explicit_path)
     }
     return NULL;
 }
+
+double bench_proc_kib(const char *path, const char *key)
+{
+    FILE *file = fopen(path, "r");
+    double kib = 0;
+    char line[256];
+    size_t length = strlen(key);
+    while (file != NULL && fgets(line, sizeof(line), file) != NULL)
+        if (strncmp(line, key, length) == 0 && line[length] == ':') {
+            kib = strtod(line + length + 1, NULL);
+            break;
+        }
+    if (file != NULL)
+        fclose(file);
+    return kib;
+}

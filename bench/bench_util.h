@@ -63,6 +63,9 @@ void *bench_open_cudart(const char *explicit_path);
 bool bench_json_number(const char *text, const char *section, const char *key, double *out);
 /* Reads a whole file into a malloc'ed NUL-terminated string, or NULL. */
 char *bench_read_file(const char *path);
+/* The number after "key:" in a /proc file of "Key:  N kB" lines
+ * (/proc/meminfo, /proc/self/status), in KiB; 0 when it is not there. */
+double bench_proc_kib(const char *path, const char *key);
 
 /* Writes s as a JSON string literal (quotes included). */
 void bench_json_string(FILE *out, const char *s);

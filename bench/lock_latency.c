@@ -252,20 +252,6 @@ static struct {
 
 static struct arm_result arms[ARM_COUNT];
 
-static double mem_available_bytes(void)
-{
-    FILE *file = fopen("/proc/meminfo", "r");
-    if (file == NULL)
-        return 0;
-    char line[256];
-    double kib = 0;
-    while (fgets(line, sizeof(line), file) != NULL)
-        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1)
-            break;
-    fclose(file);
-    return kib * 1024;
-}
-
 static int size_index(size_t bytes)
 {
     for (size_t i = 0; i < options.size_count; i++)
@@ -652,7 +638,7 @@ static bool parse_sizes(const char *text)
 static void choose_methods(void)
 {
     long page = sysconf(_SC_PAGESIZE);
-    double available = mem_available_bytes();
+    double available = bench_proc_kib("/proc/meminfo", "MemAvailable") * 1024;
     for (size_t s = 0; s < options.size_count; s++) {
         size_t bytes = (size_t)(options.sizes_gib[s] * (double)GIB);
         bytes = (bytes + (size_t)page - 1) / (size_t)page * (size_t)page;

@@ -123,18 +123,7 @@ int lock_latency_deepspeed_child(size_t bytes, bool advise)
 
 static double status_kib(const char *key)
 {
-    FILE *file = fopen("/proc/self/status", "r");
-    double kib = 0;
-    char line[256];
-    size_t length = strlen(key);
-    while (file != NULL && fgets(line, sizeof(line), file) != NULL)
-        if (strncmp(line, key, length) == 0 && line[length] == ':') {
-            kib = strtod(line + length + 1, NULL);
-            break;
-        }
-    if (file != NULL)
-        fclose(file);
-    return kib;
+    return bench_proc_kib("/proc/self/status", key);
 }
 
 /* "--memory-child BYTES": 32 buffers of BYTES from posix_memalign(4096),
@@ -339,15 +328,7 @@ static double free_huge_blocks(void)
 
 static double mem_available(void)
 {
-    FILE *file = fopen("/proc/meminfo", "r");
-    double kib = 0;
-    char line[256];
-    while (file != NULL && fgets(line, sizeof(line), file) != NULL)
-        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1)
-            break;
-    if (file != NULL)
-        fclose(file);
-    return kib * 1024;
+    return bench_proc_kib("/proc/meminfo", "MemAvailable") * 1024;
 }
 
 /* In the fragmenter process: holds every other 4 KiB page of hold bytes

@@ -1,5 +1,6 @@
 #include "huge_pages.h"
 
+#include "io.h"
 #include "memory_map.h"
 
 #include <errno.h>
@@ -34,27 +35,6 @@ struct huge_pages_scan_arg {
 };
 #define HUGE_PAGES_PAGEMAP_SCAN _IOWR('f', 16, struct huge_pages_scan_arg)
 #define HUGE_PAGES_PAGE_IS_HUGE ((uint64_t)1 << 6)
-
-/* Reads a small file whole into buffer (NUL-terminated); false when it
- * cannot be read. */
-static bool read_small_file(const char *path, char *buffer, size_t size)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    size_t used = 0;
-    while (used + 1 < size) {
-        ssize_t got = read(fd, buffer + used, size - 1 - used);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            break;
-        used += (size_t)got;
-    }
-    close(fd);
-    buffer[used] = '\0';
-    return used > 0;
-}
 
 /* The word in brackets of a sysfs choice ("always [madvise] never"). */
 static bool chosen_word(const char *text, char *word, size_t size)
@@ -361,18 +341,19 @@ void huge_pages_before_lock(struct huge_pages *huge, uintptr_t addr, size_t leng
     if (!faults_in || !lock->has_chunk || !huge_pages_making(huge))
         return;
     int saved_errno = errno;
-    char buddyinfo[8192];
-    /* MADV_COLLAPSE allocates as a fault in an advised range would, with
-     * direct compaction: only as many chunks as there are free blocks. */
-    uint64_t free_chunks = read_small_file(huge->buddyinfo_path, buddyinfo, sizeof(buddyinfo))
-                               ? huge_pages_free_blocks(buddyinfo, huge->pmd_order)
-                               : 0;
     if (lock_fits_limit(lock->end - lock->start)) {
+        char buddyinfo[8192];
+        /* MADV_COLLAPSE allocates as a fault in an advised range would, with
+         * direct compaction: only as many chunks as there are free blocks. */
+        uint64_t free_chunks = read_small_file(huge->buddyinfo_path, buddyinfo, sizeof(buddyinfo))
+                                   ? huge_pages_free_blocks(buddyinfo, huge->pmd_order)
+                                   : 0;
         struct private_parts parts = {huge, free_chunks, &lock->plan};
         memory_map_private_anonymous_parts(lock->start, lock->end, plan_part, &parts);
     }
     errno = saved_errno;
 }
+
 bool huge_pages_count_huge(uintptr_t start, uintptr_t end, uint64_t *huge_bytes)
 {
     int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);

@@ -600,16 +600,9 @@ struct lock_call {
 #define MLOCK_ONFAULT 1
 #endif
 
-/* The real lock, inside the engine's claim of its pages: huge pages are
- * asked for just before it faults them in, and counted after. */
-static long run_mlock(void *arguments)
+static long real_mlock(const struct lock_call *call)
 {
-    struct lock_call *call = arguments;
-    struct huge_pages_lock huge;
-    runtime_huge_pages_before_lock((uintptr_t)call->addr, call->length, true, &huge);
-    long result = real.mlock(call->addr, call->length);
-    runtime_huge_pages_after_lock(&huge, result == 0);
-    return result;
+    return real.mlock(call->addr, call->length);
 }
 
 static long real_mlock2(const struct lock_call *call)
@@ -619,16 +612,27 @@ static long real_mlock2(const struct lock_call *call)
     return syscall(SYS_mlock2, call->addr, call->length, call->flags);
 }
 
-static long run_mlock2(void *arguments)
+/* The real lock, inside the engine's claim of its pages: huge pages are
+ * asked for just before it faults them in (MLOCK_ONFAULT faults nothing in:
+ * huge pages would lock 2 MiB per page touched), and counted after. */
+static long lock_on_huge_pages(const struct lock_call *call, long (*lock)(const struct lock_call *))
 {
-    struct lock_call *call = arguments;
     struct huge_pages_lock huge;
-    /* MLOCK_ONFAULT faults nothing in: huge pages would lock 2 MiB per page touched. */
     runtime_huge_pages_before_lock((uintptr_t)call->addr, call->length,
                                    (call->flags & MLOCK_ONFAULT) == 0, &huge);
-    long result = real_mlock2(call);
+    long result = lock(call);
     runtime_huge_pages_after_lock(&huge, result == 0);
     return result;
+}
+
+static long run_mlock(void *arguments)
+{
+    return lock_on_huge_pages(arguments, real_mlock);
+}
+
+static long run_mlock2(void *arguments)
+{
+    return lock_on_huge_pages(arguments, real_mlock2);
 }
 
 static long run_munlock(void *arguments)

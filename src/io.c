@@ -1,6 +1,7 @@
 #include "io.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 bool write_fully(int fd, const void *data, size_t length)
@@ -16,4 +17,25 @@ bool write_fully(int fd, const void *data, size_t length)
         length -= (size_t)written;
     }
     return true;
+}
+
+bool read_small_file(const char *path, char *out, size_t out_size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    size_t used = 0;
+    while (used + 1 < out_size) {
+        ssize_t n = read(fd, out + used, out_size - 1 - used);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        used += (size_t)n;
+    }
+    close(fd);
+    out[used] = '\0';
+    if (used > 0 && out[used - 1] == '\n')
+        out[used - 1] = '\0';
+    return used > 0;
 }

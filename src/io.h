@@ -1,4 +1,5 @@
-/* Writing whole buffers to a descriptor with write(2): no stdio, no allocation. */
+/* Writing whole buffers to a descriptor with write(2), reading small files
+ * whole with read(2): no stdio, no allocation. */
 #ifndef PINSHIM_IO_H
 #define PINSHIM_IO_H
 
@@ -7,5 +8,10 @@
 
 /* Writes all of data, retrying on EINTR and short writes. False on error. */
 bool write_fully(int fd, const void *data, size_t length);
+
+/* Up to out_size - 1 bytes of a small file (a /proc or sysfs entry),
+ * NUL-terminated, the last newline cut. False when it cannot be opened or
+ * is empty. */
+bool read_small_file(const char *path, char *out, size_t out_size);
 
 #endif

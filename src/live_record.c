@@ -1,6 +1,7 @@
 #include "live_record.h"
 
 #include "engine.h"
+#include "io.h"
 
 #include "pinshim.h"
 
@@ -149,28 +150,6 @@ static uint64_t realtime_ns(void)
     if (clock_gettime(CLOCK_REALTIME, &now) != 0)
         return 0;
     return (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
-}
-
-/* Up to out_size - 1 bytes of a small file (a /proc entry), the last newline cut. */
-static bool read_small_file(const char *path, char *out, size_t out_size)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    size_t used = 0;
-    while (used + 1 < out_size) {
-        ssize_t n = read(fd, out + used, out_size - 1 - used);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        used += (size_t)n;
-    }
-    close(fd);
-    out[used] = '\0';
-    if (used > 0 && out[used - 1] == '\n')
-        out[used - 1] = '\0';
-    return used > 0;
 }
 
 uint64_t live_record_start_ticks(const char *stat_path)

@@ -1,7 +1,8 @@
 #include "numa_placement.h"
 
+#include "io.h"
+
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,18 +115,14 @@ int numa_placement_pci_node(const char *sysfs_root, const char *bus_id)
         if (*at >= 'A' && *at <= 'F')
             *at = (char)(*at - 'A' + 'a');
     int saved_errno = errno;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    char text[16] = "";
-    ssize_t got = fd >= 0 ? read(fd, text, sizeof(text) - 1) : -1;
-    if (fd >= 0)
-        close(fd);
+    char text[16];
+    bool found = read_small_file(path, text, sizeof(text));
     errno = saved_errno;
-    if (got <= 0)
+    if (!found)
         return -1;
-    text[got] = '\0';
     char *after = NULL;
     long node = strtol(text, &after, 10);
-    if (after == text || (*after != '\0' && *after != '\n') || node < -1 || node > 1 << 20)
+    if (after == text || *after != '\0' || node < -1 || node > 1 << 20)
         return -1;
     return (int)node;
 }

@@ -22,40 +22,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "smaps.h"
+
 #ifndef MLOCK_ONFAULT
 #define MLOCK_ONFAULT 1
 #endif
 
 #define MIB ((size_t)1 << 20)
-
-/* AnonHugePages (bytes) of the mappings that overlap [start, end), and
- * whether one of them carries VmFlags "hg". */
-static unsigned long long huge_bytes_of(uintptr_t start, uintptr_t end, int *flagged)
-{
-    FILE *smaps = fopen("/proc/self/smaps", "r");
-    if (smaps == NULL)
-        return 0;
-    char line[1024];
-    unsigned long low = 0, high = 0;
-    unsigned long long total = 0;
-    *flagged = 0;
-    while (fgets(line, sizeof(line), smaps) != NULL) {
-        unsigned long a, b, kib;
-        char *space = strchr(line, ' '), *dash = strchr(line, '-');
-        if (dash != NULL && space != NULL && dash < space &&
-            sscanf(line, "%lx-%lx ", &a, &b) == 2) {
-            low = a;
-            high = b;
-        } else if (low < end && start < high) {
-            if (sscanf(line, "AnonHugePages: %lu kB", &kib) == 1)
-                total += (unsigned long long)kib * 1024;
-            else if (strncmp(line, "VmFlags:", 8) == 0 && strstr(line, " hg") != NULL)
-                *flagged = 1;
-        }
-    }
-    fclose(smaps);
-    return total;
-}
 
 static long pmd_size(void)
 {
@@ -71,11 +44,12 @@ static long pmd_size(void)
 
 static void report(const char *buffer, size_t length)
 {
-    int flagged;
+    unsigned long long huge_bytes;
+    bool flagged;
     long pmd = pmd_size();
     printf("pmd_aligned=%d\n", pmd > 0 && (uintptr_t)buffer % (uintptr_t)pmd == 0);
-    printf("huge_bytes=%llu\n",
-           huge_bytes_of((uintptr_t)buffer, (uintptr_t)buffer + length, &flagged));
+    smaps_huge_pages((uintptr_t)buffer, (uintptr_t)buffer + length, &huge_bytes, &flagged);
+    printf("huge_bytes=%llu\n", huge_bytes);
     printf("flagged=%d\n", flagged);
     int zero = 1;
     for (size_t at = 0; at < length; at += 4096)

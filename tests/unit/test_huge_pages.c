@@ -10,6 +10,7 @@
  * made. */
 #include "huge_pages.h"
 #include "memory_map.h"
+#include "smaps.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -389,22 +390,9 @@ static uintptr_t map_chunks(size_t pmd, size_t chunks)
 /* Whether any mapping of [start, end) carries VmFlags "hg" (MADV_HUGEPAGE). */
 static bool flagged_huge(uintptr_t start, uintptr_t end)
 {
-    FILE *smaps = fopen("/proc/self/smaps", "r");
-    cr_assert_not_null(smaps);
-    char line[1024];
-    unsigned long low = 0, high = 0;
-    bool flagged = false;
-    while (fgets(line, sizeof(line), smaps) != NULL) {
-        unsigned long a, b;
-        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            low = a;
-            high = b;
-        } else if (strncmp(line, "VmFlags:", 8) == 0 && low < end && start < high &&
-                   strstr(line, " hg") != NULL) {
-            flagged = true;
-        }
-    }
-    fclose(smaps);
+    unsigned long long huge_bytes;
+    bool flagged;
+    cr_assert(smaps_huge_pages(start, end, &huge_bytes, &flagged), "/proc/self/smaps");
     return flagged;
 }
 
