@@ -2,8 +2,12 @@
  * in for malloc_usable_size (see block_extent.h). */
 #include "block_extent.h"
 
+#include "io.h"
+
 #include <dlfcn.h>
+#include <gnu/libc-version.h>
 #include <link.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -98,6 +102,35 @@ bool block_extent_glibc_header_agrees(const struct block_extent_allocator *alloc
         }
     }
     return agrees;
+}
+
+/* The number of threads in field 20 of /proc/self/stat (after the command
+ * name's closing parenthesis, which may itself hold spaces), or 0. */
+static long process_thread_count(void)
+{
+    char stat[1024];
+    if (!read_small_file("/proc/self/stat", stat, sizeof(stat)))
+        return 0;
+    const char *field = strrchr(stat, ')');
+    /* Fields 3 to 19 come first: state, then 16 numbers. */
+    for (int skipped = 0; field != NULL && skipped < 18; skipped++)
+        field = strchr(field + 1, ' ');
+    return field != NULL ? strtol(field + 1, NULL, 10) : 0;
+}
+
+bool block_extent_glibc_single_threaded(void)
+{
+    /* dlsym only where the symbol exists: a failed lookup allocates its
+     * error message on older glibc. */
+    char *rest = NULL;
+    long major = strtol(gnu_get_libc_version(), &rest, 10);
+    long minor = rest != NULL && *rest == '.' ? strtol(rest + 1, NULL, 10) : 0;
+    if (major > 2 || (major == 2 && minor >= 32)) {
+        const char *flag = dlsym(RTLD_DEFAULT, "__libc_single_threaded");
+        if (flag != NULL)
+            return *(const volatile char *)flag != 0;
+    }
+    return process_thread_count() == 1;
 }
 
 enum block_extent_source block_extent_choose(const struct block_extent_allocator *allocator)

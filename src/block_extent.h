@@ -53,6 +53,12 @@ bool block_extent_allocator_is_glibc(void);
  * allocator is glibc's. */
 bool block_extent_glibc_header_agrees(const struct block_extent_allocator *allocator);
 
+/* Whether glibc's malloc runs in its single-threaded mode, taking no arena
+ * lock: glibc 2.32 and later say so in __libc_single_threaded (false for good
+ * once a thread has been started); older ones are asked through the
+ * process's thread count (/proc/self/stat). Unknown counts as threaded. */
+bool block_extent_glibc_single_threaded(void);
+
 /* The source that both checks allow: the header when they pass, else the call. */
 enum block_extent_source block_extent_choose(const struct block_extent_allocator *allocator);
 

@@ -207,11 +207,13 @@ enum engine_failure_rule {
 };
 
 /* free's lock-free view, read on every free while records exist, written
- * under the engine's mutex. gate: 0 while no record exists, else one below
- * the end of the span that holds every record, so that one compare,
- * "ptr - 1 >= gate", clears a NULL pointer, every block when nothing is
- * registered, and every block above all records. Then, for blocks that start
- * inside the window (the aligned 64 GiB region of the first record), one
+ * under the engine's mutex. gate: 0 while no record exists, else the end of
+ * the span that holds every record, so that one compare, "ptr >= gate",
+ * clears every block when nothing is registered and every block above all
+ * records (a NULL pointer passes on, and is cleared after the window). Then, for blocks that start
+ * inside the window (the aligned 64 GiB region of the first record, from
+ * its second granule on when that region starts at 0, so that NULL is never
+ * in it), one
  * entry per 4 KiB granule tells how far, in bytes from the granule's start,
  * the first byte in danger is (a byte a record's lock asked for, within the
  * record's pages: a block that holds one makes its free release pages), as
@@ -229,13 +231,12 @@ enum engine_failure_rule {
  * block starting near the end sees the records just after it. window_size
  * is 0 until block sizes may be read from glibc's chunk headers
  * (engine_enable_window), or when the map could not be mapped.
- * window_before (the window's first byte, less one: the fast path subtracts
- * it from the "ptr - 1" the gate compare made), window_size and window are
- * written once, before a reader can see a record.
+ * window_start, window_size and window are written once, before a reader
+ * can see a record.
  *
  * In C11's memory model. Writers hold the engine's mutex and store the gate,
  * the entries and below with __atomic_store_n (relaxed); window_size is
- * stored with release after window and window_before. free reads them with
+ * stored with release after window and window_start. free reads them with
  * no lock: the gate and the entries with plain loads (so that the compiler
  * folds the gate's load into the compare), below with a relaxed load. Two
  * cases:
@@ -264,7 +265,7 @@ enum engine_failure_rule {
  * so weak ordering on real aarch64 is argued here, not tested. */
 struct engine_free_view {
     uintptr_t gate;
-    uintptr_t window_before;
+    uintptr_t window_start;
     uintptr_t window_size;
     const uint64_t *window;
     /* The span's start while block sizes may be read from headers (else 0):
@@ -499,38 +500,81 @@ static inline bool engine_may_overlap(const struct engine *engine, uintptr_t sta
 
 /* free's lock-free check for the block at ptr, whose glibc chunk header is
  * the word before it (read only when the view says headers may be read):
- * true when the block cannot hold a page any record covers. gate is the
- * engine's gate (*engine->gate). False means "look further" (the page index,
- * the allocator's size), never "it holds one". The header word is the chunk
- * size plus three flag bits: as a size it may reach up to 7 bytes too far,
- * which at worst sends a block on to the full check. See struct
- * engine_free_view. */
+ * engine_block_clear_fast is true when the block cannot hold a page any
+ * record covers. gate is the engine's gate (*engine->gate). False means
+ * "look further" (the page index, the allocator's size), never "it holds
+ * one". The header word is the chunk size plus three flag bits: as a size it
+ * may reach up to 7 bytes too far, which at worst sends a block on to the
+ * full check. See struct engine_free_view.
+ *
+ * Its steps, for free to inline only the first: engine_block_window_check
+ * (1: clear, by the gate or the window's one add: three instructions idle,
+ * fifteen in the window on x86-64; -1: in the window, not cleared by the one
+ * add; 0: outside the window), then engine_block_clear_second_look or
+ * engine_block_clear_outside. */
+/* The word before the block: glibc's chunk size with its flag bits. Read
+ * through an address computed as a number, for callers the compiler sees
+ * pass NULL (the window's bounds keep NULL from this read). */
+static inline size_t engine_header_word(const void *ptr)
+{
+    return *(const size_t *)((uintptr_t)ptr - sizeof(size_t));
+}
+
+static inline int engine_block_window_check(const struct engine *engine, uintptr_t gate,
+                                            const void *ptr, uintptr_t *sum, uintptr_t *granule)
+{
+    uintptr_t address = (uintptr_t)ptr;
+    if (__builtin_expect(address >= gate, 1))
+        return 1;
+    /* The window's fields are written once (window_size last, when headers
+     * may be read): plain loads, which the compiler folds into the
+     * arithmetic. NULL is never inside the window. */
+    const struct engine_free_view *view = &engine->free_view;
+    uintptr_t offset = address - view->window_start;
+    if (offset >= view->window_size)
+        return 0;
+    /* The block's last byte is 9 bytes before the header's size ends it (one
+     * word of header, one lent): the 9 moves to the limit's side. */
+    *granule = offset >> PAGE_INDEX_GRANULE_SHIFT;
+    *sum = (offset & (PAGE_INDEX_GRANULE - 1)) + engine_header_word(ptr) + view->window[*granule];
+    return *sum < ENGINE_WINDOW_LIMIT + 9 ? 1 : -1;
+}
+
+/* For a block in the window the one add did not clear (sum and granule as
+ * engine_block_window_check gave them: the block's offset in its granule
+ * plus its header word plus the entry, and the entry's index): in a lock's
+ * last, partial granule, clear from the lock's end on, up to the next
+ * danger (see ENGINE_WINDOW_AFTER_SHIFT). The window starts on a granule, so
+ * the block's offset in its granule is its address's. */
+static inline bool engine_block_clear_second_look(const struct engine *engine, const void *ptr,
+                                                  uintptr_t sum, uintptr_t granule)
+{
+    uint64_t entry = engine->free_view.window[granule];
+    uintptr_t reach = sum - entry;
+    return reach - 9 < (uintptr_t)(entry >> ENGINE_WINDOW_AFTER_SHIFT) &&
+           (uint32_t)((uintptr_t)ptr & (PAGE_INDEX_GRANULE - 1)) >= (uint32_t)entry;
+}
+
+/* For a block outside the window: NULL, and blocks below every record. */
+static inline bool engine_block_clear_outside(const struct engine *engine, const void *ptr)
+{
+    uintptr_t address = (uintptr_t)ptr;
+    if (address == 0)
+        return true;
+    /* Below every record (below is 0 unless headers may be read). */
+    uintptr_t below = __atomic_load_n(&engine->free_view.below, __ATOMIC_RELAXED);
+    return address < below && address + engine_header_word(ptr) - 9 < below;
+}
+
 static inline bool engine_block_clear_fast(const struct engine *engine, uintptr_t gate,
                                            const void *ptr)
 {
-    uintptr_t address = (uintptr_t)ptr;
-    uintptr_t before = address - 1;
-    if (__builtin_expect(before >= gate, 1))
+    uintptr_t sum = 0, granule = 0;
+    int verdict = engine_block_window_check(engine, gate, ptr, &sum, &granule);
+    if (verdict > 0)
         return true;
-    /* The window's fields are written once (window_size last, when headers
-     * may be read): plain loads, which the compiler folds into the
-     * arithmetic. */
-    const struct engine_free_view *view = &engine->free_view;
-    uintptr_t offset = before - view->window_before;
-    if (offset < view->window_size) {
-        uint64_t entry = view->window[offset >> PAGE_INDEX_GRANULE_SHIFT];
-        uintptr_t in_granule = offset & (PAGE_INDEX_GRANULE - 1);
-        uintptr_t last = in_granule + ((const size_t *)ptr)[-1] - 9;
-        if (__builtin_expect(last + entry < ENGINE_WINDOW_LIMIT, 1))
-            return true;
-        /* A lock's last, partial granule: clear from the lock's end on, up
-         * to the next danger (see ENGINE_WINDOW_AFTER_SHIFT). */
-        return last < (uintptr_t)(entry >> ENGINE_WINDOW_AFTER_SHIFT) &&
-               (uint32_t)in_granule >= (uint32_t)entry;
-    }
-    /* Below every record (below is 0 unless headers may be read). */
-    uintptr_t below = __atomic_load_n(&view->below, __ATOMIC_RELAXED);
-    return address < below && address + ((const size_t *)ptr)[-1] - 9 < below;
+    return verdict < 0 ? engine_block_clear_second_look(engine, ptr, sum, granule)
+                       : engine_block_clear_outside(engine, ptr);
 }
 
 /* Runs of locked pages are cut where bounds says a mapping begins or ends

@@ -162,7 +162,7 @@ static void refresh_below_locked(uint64_t *map, uintptr_t first, uintptr_t from,
 void engine_window_refresh_locked(struct engine *engine, uintptr_t start, uintptr_t end)
 {
     uint64_t *map = engine->window_entries;
-    uintptr_t base = engine->free_view.window_before + 1;
+    uintptr_t base = engine->free_view.window_start;
     uintptr_t granules = ENGINE_WINDOW_ENTRIES;
     uintptr_t reach = ENGINE_WINDOW_LIMIT;
     if (map == NULL || end <= base)
@@ -196,7 +196,7 @@ void engine_prefetch_locked(struct engine *engine, uintptr_t start, uintptr_t en
     range_registry_prefetch(&engine->registry, start);
     range_registry_prefetch(&engine->registry, end);
     uint64_t *map = engine->window_entries;
-    uintptr_t base = engine->free_view.window_before + 1;
+    uintptr_t base = engine->free_view.window_start;
     if (map != NULL && start >= base &&
         (start - base) >> PAGE_INDEX_GRANULE_SHIFT < ENGINE_WINDOW_ENTRIES)
         __builtin_prefetch(&map[(start - base) >> PAGE_INDEX_GRANULE_SHIFT]);
@@ -209,7 +209,10 @@ static void window_place(struct engine *engine, uintptr_t address)
     if (engine->window_placed)
         return;
     engine->window_placed = true;
-    engine->free_view.window_before = (address & ~(ENGINE_WINDOW_BYTES - 1)) - 1;
+    /* A region that starts at 0 is entered one granule up, so NULL lies
+     * below the window (engine_block_window_check). */
+    uintptr_t start = address & ~(ENGINE_WINDOW_BYTES - 1);
+    engine->free_view.window_start = start != 0 ? start : PAGE_INDEX_GRANULE;
     engine->window_entries = internal_map(ENGINE_WINDOW_MAP_BYTES);
     /* Sparse: 4 KiB pages, so that marking a few records touches kilobytes,
      * not a 2 MiB huge page per record far from the others. */
@@ -355,7 +358,7 @@ struct range_record *engine_insert_record_locked(struct engine *engine,
         return NULL;
     window_place(engine, record->base);
     publish_record_count(engine);
-    __atomic_store_n(engine->gate, engine->span_end - 1, __ATOMIC_RELAXED);
+    __atomic_store_n(engine->gate, engine->span_end, __ATOMIC_RELAXED);
     engine_account_state_locked(engine, stored, 1);
     return stored;
 }

@@ -60,6 +60,13 @@ extern void *__libc_memalign(size_t, size_t);
 
 static void bootstrap_free(void *ptr);
 static size_t bootstrap_usable_size(void *ptr);
+/* The aligned allocations' rare paths stand in for the real functions until
+ * they are resolved, so that the common path calls through the pointer
+ * without testing it. */
+static int posix_memalign_rare(void **memptr, size_t alignment, size_t size);
+static void *aligned_alloc_rare(size_t alignment, size_t size);
+static void *memalign_rare(size_t alignment, size_t size);
+static void *valloc_rare(size_t size);
 
 static struct {
     free_fn free;
@@ -82,7 +89,21 @@ static struct {
     pkey_mprotect_fn pkey_mprotect;
     mremap_fn mremap;
     exit_fn exit_now;
-} real = {.free = bootstrap_free, .malloc_usable_size = bootstrap_usable_size};
+} real = {.free = bootstrap_free,
+          .posix_memalign = posix_memalign_rare,
+          .aligned_alloc = aligned_alloc_rare,
+          .memalign = memalign_rare,
+          .valloc = valloc_rare,
+          .malloc_usable_size = bootstrap_usable_size};
+
+/* Publishes a resolved function over its stand-in (kept when there is none):
+ * the common paths read the pointers without synchronisation. */
+#define PUBLISH_REAL(field, name)                                                                  \
+    do {                                                                                           \
+        void *found = next_symbol(name);                                                           \
+        if (found != NULL)                                                                         \
+            __atomic_store_n(&real.field, (__typeof__(real.field))found, __ATOMIC_RELEASE);        \
+    } while (0)
 
 static int resolved;
 static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
@@ -105,10 +126,10 @@ static void resolve_once_body(void)
         runtime_page_size = (uintptr_t)page;
     real.realloc = (realloc_fn)next_symbol("realloc");
     real.reallocarray = (reallocarray_fn)next_symbol("reallocarray");
-    real.posix_memalign = (posix_memalign_fn)next_symbol("posix_memalign");
-    real.aligned_alloc = (memalign_fn)next_symbol("aligned_alloc");
-    real.memalign = (memalign_fn)next_symbol("memalign");
-    real.valloc = (valloc_fn)next_symbol("valloc");
+    PUBLISH_REAL(posix_memalign, "posix_memalign");
+    PUBLISH_REAL(aligned_alloc, "aligned_alloc");
+    PUBLISH_REAL(memalign, "memalign");
+    PUBLISH_REAL(valloc, "valloc");
     real.mlock = (mlock_fn)next_symbol("mlock");
     real.mlock2 = (mlock2_fn)next_symbol("mlock2");
     real.munlock = (munlock_fn)next_symbol("munlock");
@@ -277,6 +298,10 @@ __attribute__((noinline)) static void free_with_registrations(void *ptr)
  * or one holding a registered page) goes on to the full check. */
 __attribute__((noinline)) static void free_while_registered(void *ptr)
 {
+    if (engine_block_clear_outside(&runtime_engine, ptr)) {
+        real_free()(ptr);
+        return;
+    }
     uintptr_t start = (uintptr_t)ptr;
     if (block_ends_from_header()) {
         uintptr_t end = block_extent_glibc_end(ptr);
@@ -289,22 +314,41 @@ __attribute__((noinline)) static void free_while_registered(void *ptr)
     free_with_registrations(ptr);
 }
 
+/* A block in the window that the one add did not clear: the second look,
+ * out of line with what the first computed. */
+__attribute__((noinline)) static void free_after_second_look(void *ptr, uintptr_t sum,
+                                                             uintptr_t granule)
+{
+    if (engine_block_clear_second_look(&runtime_engine, ptr, sum, granule)) {
+        real_free()(ptr);
+        return;
+    }
+    free_while_registered(ptr);
+}
+
 PINSHIM_EXPORT void free(void *ptr)
 {
-    /* The hot path (engine_block_clear_fast): one compare clears NULL, every
-     * block while nothing is registered and every block above all
-     * registrations; a block in the window is cleared by its chunk header and
-     * one byte of the window's map, one below all registrations by its header.
+    /* The hot path (engine_block_clear_fast): one compare clears every block
+     * while nothing is registered and every block above all registrations
+     * (three instructions with the tail call); a block in the window is
+     * cleared by its chunk header and one entry of the window's map, NULL
+     * after the window, one below all registrations by its header.
      * The gate is an aligned word written under the engine's lock and read
      * here once, without synchronisation, so the compiler folds the load into
      * the compare: a reader that sees an old value raced a lock of the very
      * memory it frees (the program's own race), as with any lock-free check.
      * Each way ends in a tail call: no stack frame. */
-    if (__builtin_expect(engine_block_clear_fast(&runtime_engine, runtime_free_gate, ptr), 1)) {
+    uintptr_t sum, granule;
+    int verdict =
+        engine_block_window_check(&runtime_engine, runtime_free_gate, ptr, &sum, &granule);
+    if (__builtin_expect(verdict > 0, 1)) {
         real_free()(ptr);
         return;
     }
-    free_while_registered(ptr);
+    if (verdict < 0)
+        free_after_second_look(ptr, sum, granule);
+    else
+        free_while_registered(ptr);
 }
 
 void interpose_release_block(void *ptr, long (*run)(void *), void *arguments)
@@ -387,6 +431,11 @@ static bool round_aligned_request(size_t *alignment, size_t *size)
     return true;
 }
 
+/* Whether the real function behind field is resolved: its pointer no longer
+ * holds the rare path standing in for it. */
+#define REAL_RESOLVED(field, stand_in)                                                             \
+    (__atomic_load_n(&real.field, __ATOMIC_ACQUIRE) != (stand_in))
+
 /* posix_memalign's rare paths, out of line so that its common one keeps no
  * stack frame: while the real functions are being resolved, and for
  * buffers large enough to be locked, which get whole pages so a later lock
@@ -396,7 +445,7 @@ __attribute__((noinline)) static int posix_memalign_rare(void **memptr, size_t a
                                                          size_t size)
 {
     ensure_resolved();
-    if (resolving || real.posix_memalign == NULL) {
+    if (resolving || !REAL_RESOLVED(posix_memalign, posix_memalign_rare)) {
         void *memory = __libc_memalign(alignment, size);
         if (memory == NULL)
             return ENOMEM;
@@ -411,52 +460,60 @@ __attribute__((noinline)) static int posix_memalign_rare(void **memptr, size_t a
 PINSHIM_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
 {
     /* Small blocks (PyTorch's CPU tensors, 64-byte aligned) go straight to
-     * the allocator: one load, two compares, a tail call. The pointer is
-     * written once, by the resolution (resolve_once_body), and is glibc's
-     * own from then on, safe to call while the rest is being resolved. */
-    posix_memalign_fn next = __atomic_load_n(&real.posix_memalign, __ATOMIC_RELAXED);
-    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD && next != NULL, 1))
-        return next(memptr, alignment, size);
+     * the allocator: one compare and a tail call through the pointer, which
+     * holds the rare path until the resolution (resolve_once_body) writes
+     * glibc's own, safe to call while the rest is being resolved. */
+    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD, 1))
+        return __atomic_load_n(&real.posix_memalign, __ATOMIC_RELAXED)(memptr, alignment, size);
     return posix_memalign_rare(memptr, alignment, size);
 }
 
 /* aligned_alloc's and memalign's rare paths: next is where the real
- * function's pointer is kept, read once it is resolved. aligned_alloc's size
- * must be a multiple of its alignment for some allocators (C11; ASan's
- * refuses others with EINVAL): such a request is passed unchanged, so that
- * rounding never turns a refusal into a block. */
-__attribute__((noinline)) static void *aligned_rare(const memalign_fn *next, size_t alignment,
-                                                    size_t size, bool size_of_alignments)
+ * function's pointer is kept, stand_in the rare path it holds until it is
+ * resolved. aligned_alloc's size must be a multiple of its alignment for
+ * some allocators (C11; ASan's refuses others with EINVAL): such a request
+ * is passed unchanged, so that rounding never turns a refusal into a block. */
+static void *aligned_rare(memalign_fn *next, memalign_fn stand_in, size_t alignment, size_t size,
+                          bool size_of_alignments)
 {
     ensure_resolved();
-    if (resolving || *next == NULL)
+    memalign_fn resolved_next = __atomic_load_n(next, __ATOMIC_ACQUIRE);
+    if (resolving || resolved_next == stand_in)
         return __libc_memalign(alignment, size);
     if (!size_of_alignments || (alignment != 0 && size % alignment == 0))
         round_aligned_request(&alignment, &size);
-    return (*next)(alignment, size);
+    return resolved_next(alignment, size);
+}
+
+__attribute__((noinline)) static void *aligned_alloc_rare(size_t alignment, size_t size)
+{
+    return aligned_rare(&real.aligned_alloc, aligned_alloc_rare, alignment, size, true);
+}
+
+__attribute__((noinline)) static void *memalign_rare(size_t alignment, size_t size)
+{
+    return aligned_rare(&real.memalign, memalign_rare, alignment, size, false);
 }
 
 PINSHIM_EXPORT void *aligned_alloc(size_t alignment, size_t size)
 {
-    memalign_fn next = __atomic_load_n(&real.aligned_alloc, __ATOMIC_RELAXED);
-    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD && next != NULL, 1))
-        return next(alignment, size);
-    return aligned_rare(&real.aligned_alloc, alignment, size, true);
+    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD, 1))
+        return __atomic_load_n(&real.aligned_alloc, __ATOMIC_RELAXED)(alignment, size);
+    return aligned_alloc_rare(alignment, size);
 }
 
 PINSHIM_EXPORT void *memalign(size_t alignment, size_t size)
 {
-    memalign_fn next = __atomic_load_n(&real.memalign, __ATOMIC_RELAXED);
-    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD && next != NULL, 1))
-        return next(alignment, size);
-    return aligned_rare(&real.memalign, alignment, size, false);
+    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD, 1))
+        return __atomic_load_n(&real.memalign, __ATOMIC_RELAXED)(alignment, size);
+    return memalign_rare(alignment, size);
 }
 
 /* valloc is memalign(page, size); a rounded request goes to memalign. */
 __attribute__((noinline)) static void *valloc_rare(size_t size)
 {
     ensure_resolved();
-    if (resolving || real.valloc == NULL || real.memalign == NULL)
+    if (resolving || !REAL_RESOLVED(valloc, valloc_rare) || !REAL_RESOLVED(memalign, memalign_rare))
         return __libc_memalign(runtime_page_size, size);
     size_t alignment = runtime_page_size;
     if (round_aligned_request(&alignment, &size))
@@ -466,9 +523,8 @@ __attribute__((noinline)) static void *valloc_rare(size_t size)
 
 PINSHIM_EXPORT void *valloc(size_t size)
 {
-    valloc_fn next = __atomic_load_n(&real.valloc, __ATOMIC_RELAXED);
-    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD && next != NULL, 1))
-        return next(size);
+    if (__builtin_expect(size < RUNTIME_SMALLEST_ROUNDING_THRESHOLD, 1))
+        return __atomic_load_n(&real.valloc, __ATOMIC_RELAXED)(size);
     return valloc_rare(size);
 }
 
@@ -491,14 +547,22 @@ static void *block_extent_check_thread(void *argument)
     return NULL;
 }
 
-/* The checks allocate and free blocks of many sizes: on the locking thread
+/* The checks allocate and free blocks of many sizes. On the locking thread
  * they would leave cached chunks and a taller heap in the program's own
- * arena, and change where its next blocks go. A short-lived thread of their
- * own (all signals blocked) gets an arena of its own for them; where no
- * thread can be started, they run here. */
-static enum block_extent_source choose_on_a_thread_of_its_own(void)
+ * arena, so where the process already runs threads, a short-lived thread of
+ * their own (all signals blocked) gets an arena of its own for them. A
+ * single-threaded process keeps them here: the first thread glibc sees
+ * switches its malloc and free for good to the paths that lock an arena
+ * (issue 37 measured 22 more instructions a free + malloc pair), far more
+ * than the few cached chunks cost. Where no thread can be started, they run
+ * here too. */
+static enum block_extent_source run_block_extent_checks(void)
 {
     struct block_extent_check check = {BLOCK_EXTENT_ALLOCATOR_CALL};
+    if (block_extent_glibc_single_threaded()) {
+        block_extent_check_thread(&check);
+        return check.source;
+    }
     sigset_t all, previous;
     sigfillset(&all);
     pthread_t thread;
@@ -526,8 +590,8 @@ static void choose_block_extent_source(void)
     /* Under mlockall(MCL_FUTURE) the checks' 40 MiB block would be locked and
      * faulted in: the call is kept instead. */
     if (runtime_config.block_size_from_allocator || runtime_future_mappings_locked() ||
-        real.posix_memalign == NULL || real.malloc_usable_size == bootstrap_usable_size ||
-        real.free == bootstrap_free) {
+        !REAL_RESOLVED(posix_memalign, posix_memalign_rare) ||
+        real.malloc_usable_size == bootstrap_usable_size || real.free == bootstrap_free) {
         __atomic_store_n(&block_extent_chosen_source, BLOCK_EXTENT_ALLOCATOR_CALL,
                          __ATOMIC_RELAXED);
         log_debug("free finds block ends with malloc_usable_size (%s)",
@@ -536,7 +600,7 @@ static void choose_block_extent_source(void)
                                                            : "the allocator is not resolved");
         return;
     }
-    enum block_extent_source source = choose_on_a_thread_of_its_own();
+    enum block_extent_source source = run_block_extent_checks();
     __atomic_store_n(&block_extent_chosen_source, (int)source, __ATOMIC_RELAXED);
     if (source == BLOCK_EXTENT_GLIBC_HEADER)
         engine_enable_window(&runtime_engine);

@@ -194,7 +194,8 @@ static const char *const scenario_names[] = {"basic",
                                              "munlock_hole",
                                              "already_registered",
                                              "fork",
-                                             "threads"};
+                                             "threads",
+                                             "single_threaded"};
 
 /* Both ways free learns a block's size: auto (glibc's chunk header where the
  * checks pass, as they do on this test's own allocator unless something such

@@ -4,7 +4,9 @@
 
 #include <criterion/criterion.h>
 
+#include <dlfcn.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -163,4 +165,24 @@ Test(block_extent, source_names)
     cr_assert_str_eq(block_extent_source_name(BLOCK_EXTENT_GLIBC_HEADER), "glibc-header");
     cr_assert_str_eq(block_extent_source_name(BLOCK_EXTENT_ALLOCATOR_CALL), "malloc_usable_size");
     cr_assert_str_eq(block_extent_source_name(BLOCK_EXTENT_NOT_CHOSEN), "unused");
+}
+
+static void *return_argument(void *argument)
+{
+    return argument;
+}
+
+/* Issue 37: where the checks run follows what glibc's malloc believes. Once
+ * a thread has been started glibc counts the process as threaded for good
+ * (the single-threaded answer is the preload scenario single_threaded's,
+ * in a process of its own). */
+Test(block_extent, a_process_that_started_a_thread_is_threaded)
+{
+    /* Before glibc 2.32 the shim counts threads instead: one again here. */
+    if (dlsym(RTLD_DEFAULT, "__libc_single_threaded") == NULL)
+        cr_skip_test("glibc before 2.32 has no __libc_single_threaded");
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, return_argument, NULL), 0);
+    cr_assert_eq(pthread_join(thread, NULL), 0);
+    cr_assert_not(block_extent_glibc_single_threaded());
 }

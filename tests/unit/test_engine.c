@@ -1737,7 +1737,7 @@ static size_t expect_window_exact(char *memory, size_t size)
 {
     size_t seeing = 0;
     cr_assert_not_null(engine.window_entries, "the window is mapped");
-    uintptr_t window = engine.free_view.window_before + 1;
+    uintptr_t window = engine.free_view.window_start;
     for (uintptr_t granule = (uintptr_t)memory; granule < (uintptr_t)memory + size;
          granule += PAGE_INDEX_GRANULE) {
         if (granule < window || granule - window >= ENGINE_WINDOW_BYTES)
@@ -1851,7 +1851,9 @@ Test(engine, free_fast_check_gate)
     cr_assert(engine_block_clear_fast(&engine, *engine.gate, NULL));
     lock(A(0), 64 * PAGE);
     cr_assert(engine_block_clear_fast(&engine, *engine.gate, NULL), "NULL");
-    cr_assert_eq(*engine.gate, A(64 * PAGE) - 1);
+    cr_assert_eq(*engine.gate, A(64 * PAGE));
+    cr_assert(engine_block_clear_fast(&engine, *engine.gate, (void *)A(64 * PAGE)),
+              "the first byte above the span");
     unlock(A(0), A(64 * PAGE), RELEASE_MUNLOCK);
     cr_assert_eq(*engine.gate, 0, "no record: the gate is closed again");
 }
