@@ -543,6 +543,23 @@ static void json_row(const char *format, ...)
     va_end(arguments);
 }
 
+/* One condition's four callgrind totals (without the shim, short and long
+ * loop, then with it), per pair: false when a run failed. */
+struct per_pair {
+    double without, with, extra;
+};
+
+static bool per_pair_of(double without_short, double without_long, double with_short,
+                        double with_long, double pairs, struct per_pair *result)
+{
+    if (without_short < 0 || without_long < 0 || with_short < 0 || with_long < 0)
+        return false;
+    result->without = (without_long - without_short) / pairs;
+    result->with = (with_long - with_short) / pairs;
+    result->extra = result->with - result->without;
+    return true;
+}
+
 /* The six layouts of issues 14 and 22, in one and two threads. */
 static void run_layouts(const char *only, int *runs, int *over, int *failed)
 {
@@ -567,24 +584,22 @@ static void run_layouts(const char *only, int *runs, int *over, int *failed)
             double without_long = count(conditions[c], threads, LONG_PAIRS, false, &ignored);
             double with_short = count(conditions[c], threads, SHORT_PAIRS, true, &locked);
             double with_long = count(conditions[c], threads, LONG_PAIRS, true, &ignored);
-            double pairs = (double)(LONG_PAIRS - SHORT_PAIRS) * threads;
             double budget = c == 0 ? 8 : 20;
-            if (without_short < 0 || without_long < 0 || with_short < 0 || with_long < 0) {
+            struct per_pair pair;
+            if (!per_pair_of(without_short, without_long, with_short, with_long,
+                             (double)(LONG_PAIRS - SHORT_PAIRS) * threads, &pair)) {
                 printf("%-12s %7d  run failed (valgrind missing, or the child failed)\n",
                        conditions[c], threads);
                 (*failed)++;
                 continue;
             }
-            double without = (without_long - without_short) / pairs;
-            double with = (with_long - with_short) / pairs;
-            double extra = with - without;
-            bool within = extra <= budget;
+            bool within = pair.extra <= budget;
             *over += !within;
             printf("%-12s %7d %8u %12.2f %12.2f %7.2f %7.0f%s\n", conditions[c], threads, locked,
-                   without, with, extra, budget, within ? "" : "  OVER");
+                   pair.without, pair.with, pair.extra, budget, within ? "" : "  OVER");
             json_row("{\"condition\": \"%s\", \"threads\": %d, \"locked\": %u, "
                      "\"without\": %.3f, \"with\": %.3f, \"extra\": %.3f, \"budget\": %.0f}",
-                     conditions[c], threads, locked, without, with, extra, budget);
+                     conditions[c], threads, locked, pair.without, pair.with, pair.extra, budget);
         }
     }
 }
@@ -612,24 +627,22 @@ static void run_ring(const char *only, int *runs, int *over, int *failed)
                 double without_long = count_ring(live, memalign, RING_LONG_PAIRS, false, grown);
                 double with_short = count_ring(live, memalign, RING_SHORT_PAIRS, true, grown);
                 double with_long = count_ring(live, memalign, RING_LONG_PAIRS, true, grown);
-                if (without_short < 0 || without_long < 0 || with_short < 0 || with_long < 0) {
+                struct per_pair pair;
+                if (!per_pair_of(without_short, without_long, with_short, with_long,
+                                 RING_LONG_PAIRS - RING_SHORT_PAIRS, &pair)) {
                     printf("%-12s %-15s %7u  run failed\n", name, loop, live);
                     (*failed)++;
                     continue;
                 }
-                double pairs = RING_LONG_PAIRS - RING_SHORT_PAIRS;
-                double without = (without_long - without_short) / pairs;
-                double with = (with_long - with_short) / pairs;
-                double extra = with - without;
                 double budget = live == 0 ? 4 : grown ? 10 : 18;
-                bool within = extra <= budget;
+                bool within = pair.extra <= budget;
                 *over += !within;
-                printf("%-12s %-15s %7u %12.2f %12.2f %7.2f %7.0f%s\n", name, loop, live, without,
-                       with, extra, budget, within ? "" : "  OVER");
+                printf("%-12s %-15s %7u %12.2f %12.2f %7.2f %7.0f%s\n", name, loop, live,
+                       pair.without, pair.with, pair.extra, budget, within ? "" : "  OVER");
                 json_row("{\"condition\": \"%s\", \"loop\": \"%s\", \"threads\": 1, "
                          "\"locked\": %u, \"without\": %.3f, \"with\": %.3f, \"extra\": %.3f, "
                          "\"budget\": %.0f}",
-                         name, loop, live, without, with, extra, budget);
+                         name, loop, live, pair.without, pair.with, pair.extra, budget);
             }
     }
 }
@@ -645,6 +658,7 @@ static int ring_layout(void)
         char live_text[16];
         snprintf(live_text, sizeof(live_text), "%u", ring_lives[l]);
         char *arguments[] = {"--ring", live_text, "1", "200000", "layout", NULL};
+        char *under_valgrind[] = {"--valgrind-none", live_text, "1", "200000", "layout", NULL};
         struct {
             const char *name;
             bool valgrind, shim;
@@ -656,16 +670,11 @@ static int ring_layout(void)
                     {"valgrind (capped)", true, false, NULL}};
         for (size_t r = 0; r < sizeof(runs) / sizeof(*runs); r++) {
             /* valgrind's "none" tool runs the loop as it is, uncounted. */
-            struct run run = {arguments, NULL, runs[r].shim, runs[r].tunables};
+            struct run run = {runs[r].valgrind ? under_valgrind : arguments, NULL, runs[r].shim,
+                              runs[r].tunables};
             char output[256] = "";
-            if (runs[r].valgrind) {
-                char *wrapped[] = {"--valgrind-none", live_text, "1", "200000", "layout", NULL};
-                run.arguments = wrapped;
-                if (run_child(&run, output, sizeof(output)) < 0)
-                    strcpy(output, "");
-            } else if (run_child(&run, output, sizeof(output)) < 0) {
-                strcpy(output, "");
-            }
+            if (run_child(&run, output, sizeof(output)) < 0)
+                output[0] = '\0';
             size_t in_span = 0, above = 0, below = 0;
             const char *counts = strstr(output, "in_span");
             if (counts == NULL ||

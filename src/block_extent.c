@@ -104,18 +104,14 @@ bool block_extent_glibc_header_agrees(const struct block_extent_allocator *alloc
     return agrees;
 }
 
-/* The number of threads in field 20 of /proc/self/stat (after the command
- * name's closing parenthesis, which may itself hold spaces), or 0. */
+/* The number of threads (field 20 of /proc/self/stat), or 0. */
 static long process_thread_count(void)
 {
     char stat[1024];
     if (!read_small_file("/proc/self/stat", stat, sizeof(stat)))
         return 0;
-    const char *field = strrchr(stat, ')');
-    /* Fields 3 to 19 come first: state, then 16 numbers. */
-    for (int skipped = 0; field != NULL && skipped < 18; skipped++)
-        field = strchr(field + 1, ' ');
-    return field != NULL ? strtol(field + 1, NULL, 10) : 0;
+    const char *field = proc_stat_field(stat, 20);
+    return field != NULL ? strtol(field, NULL, 10) : 0;
 }
 
 bool block_extent_glibc_single_threaded(void)

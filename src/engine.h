@@ -210,11 +210,11 @@ enum engine_failure_rule {
  * under the engine's mutex. gate: 0 while no record exists, else the end of
  * the span that holds every record, so that one compare, "ptr >= gate",
  * clears every block when nothing is registered and every block above all
- * records (a NULL pointer passes on, and is cleared after the window). Then, for blocks that start
- * inside the window (the aligned 64 GiB region of the first record, from
- * its second granule on when that region starts at 0, so that NULL is never
- * in it), one
- * entry per 4 KiB granule tells how far, in bytes from the granule's start,
+ * records (a NULL pointer passes on, and is cleared after the window). Then,
+ * for blocks that start inside the window (the aligned 64 GiB region of the
+ * first record, from its second granule on when that region starts at 0, so
+ * that NULL is never in it), one entry per 4 KiB granule tells how far, in
+ * bytes from the granule's start,
  * the first byte in danger is (a byte a record's lock asked for, within the
  * record's pages: a block that holds one makes its free release pages), as
  * LIMIT - min(LIMIT, distance) with LIMIT = ENGINE_WINDOW_LIMIT: LIMIT is
@@ -498,6 +498,14 @@ static inline bool engine_may_overlap(const struct engine *engine, uintptr_t sta
     return page_index_any_used_inline(&engine->registry.index, start, end);
 }
 
+/* The word before the block: glibc's chunk size with its flag bits. Read
+ * through an address computed as a number, for callers the compiler sees
+ * pass NULL (the window's bounds keep NULL from this read). */
+static inline size_t engine_header_word(const void *ptr)
+{
+    return *(const size_t *)((uintptr_t)ptr - sizeof(size_t));
+}
+
 /* free's lock-free check for the block at ptr, whose glibc chunk header is
  * the word before it (read only when the view says headers may be read):
  * engine_block_clear_fast is true when the block cannot hold a page any
@@ -512,14 +520,6 @@ static inline bool engine_may_overlap(const struct engine *engine, uintptr_t sta
  * fifteen in the window on x86-64; -1: in the window, not cleared by the one
  * add; 0: outside the window), then engine_block_clear_second_look or
  * engine_block_clear_outside. */
-/* The word before the block: glibc's chunk size with its flag bits. Read
- * through an address computed as a number, for callers the compiler sees
- * pass NULL (the window's bounds keep NULL from this read). */
-static inline size_t engine_header_word(const void *ptr)
-{
-    return *(const size_t *)((uintptr_t)ptr - sizeof(size_t));
-}
-
 static inline int engine_block_window_check(const struct engine *engine, uintptr_t gate,
                                             const void *ptr, uintptr_t *sum, uintptr_t *granule)
 {

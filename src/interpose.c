@@ -328,7 +328,7 @@ __attribute__((noinline)) static void free_after_second_look(void *ptr, uintptr_
 
 PINSHIM_EXPORT void free(void *ptr)
 {
-    /* The hot path (engine_block_clear_fast): one compare clears every block
+    /* The hot path (engine_block_window_check): one compare clears every block
      * while nothing is registered and every block above all registrations
      * (three instructions with the tail call); a block in the window is
      * cleared by its chunk header and one entry of the window's map, NULL

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <unistd.h>
 
 bool write_fully(int fd, const void *data, size_t length)
@@ -38,4 +39,13 @@ bool read_small_file(const char *path, char *out, size_t out_size)
     if (used > 0 && out[used - 1] == '\n')
         out[used - 1] = '\0';
     return used > 0;
+}
+
+const char *proc_stat_field(const char *stat, int field)
+{
+    /* After ") " comes field 3; each later field is one space further. */
+    const char *cursor = strrchr(stat, ')');
+    for (int at = 2; at < field && cursor != NULL; at++)
+        cursor = strchr(cursor + 1, ' ');
+    return cursor != NULL ? cursor + 1 : NULL;
 }

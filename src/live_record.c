@@ -157,18 +157,12 @@ uint64_t live_record_start_ticks(const char *stat_path)
     char text[1024];
     if (!read_small_file(stat_path, text, sizeof(text)))
         return 0;
-    /* The second field (the name) may hold spaces and parentheses: count
-     * from the last ')'. After ") " comes field 3; field 22 is 19 spaces
-     * further. */
-    const char *cursor = strrchr(text, ')');
-    if (cursor == NULL)
-        return 0;
-    for (int field = 2; field < 22 && cursor != NULL; field++)
-        cursor = strchr(cursor + 1, ' ');
+    /* Field 22: the start time. */
+    const char *cursor = proc_stat_field(text, 22);
     if (cursor == NULL)
         return 0;
     uint64_t ticks = 0;
-    for (cursor++; *cursor >= '0' && *cursor <= '9'; cursor++)
+    for (; *cursor >= '0' && *cursor <= '9'; cursor++)
         ticks = ticks * 10 + (uint64_t)(*cursor - '0');
     return ticks;
 }

@@ -536,7 +536,7 @@ static void scenario_threads(void)
     EXPECT_NONE("after threads");
 }
 
-/* Entries in /proc/self/task: the process's threads now. */
+/* The process's threads now (Threads: in /proc/self/status), or -1. */
 static int thread_count(void)
 {
     FILE *status = fopen("/proc/self/status", "r");
